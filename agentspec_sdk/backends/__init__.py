@@ -1,0 +1,1 @@
+"""Backends: the only package that imports vllm, torch, transformers, openai, tenacity."""

@@ -1,0 +1,40 @@
+"""Errors the SDK raises. Each names what is wrong (schema path, tool name, limit)."""
+
+
+class AgentSpecError(Exception):
+    """Base class of every error the SDK raises on purpose."""
+
+
+class SchemaNotSupported(AgentSpecError):
+    """A JSON Schema uses something the grammar compiler cannot express.
+
+    `pointer` is the JSON pointer (RFC 6901) of the offending keyword inside the schema.
+    """
+
+    def __init__(self, message: str, pointer: str = ""):
+        self.pointer = pointer
+        super().__init__(f"{message} (at {pointer or '/'})")
+
+
+class InvalidSchema(SchemaNotSupported):
+    """The schema itself is malformed (wrong keyword types, $ref to nowhere, no finite instance)."""
+
+
+class ToolRegistryError(AgentSpecError):
+    """Invalid, duplicate or unknown tool."""
+
+
+class FormatError(AgentSpecError):
+    """An agent format definition is inconsistent."""
+
+
+class LawInputError(AgentSpecError, ValueError):
+    """Parameters of the Draft Law are out of their domain."""
+
+
+class TraceError(AgentSpecError):
+    """A trace file is corrupt or truncated; the message names the file and line."""
+
+
+class BackendError(AgentSpecError):
+    """The engine or server failed in a way the caller can act on."""

@@ -1,0 +1,1 @@
+"""The Draft Law: closed forms, estimators and falsifier verdicts. numpy only."""

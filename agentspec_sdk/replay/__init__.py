@@ -1,0 +1,1 @@
+"""Agent traces, recorder, replayer, the 4-arm protocol and its report."""

@@ -1,0 +1,1 @@
+"""Structure core: agent formats, segmenter, tool registry, JSON Schema → Lark. Pure Python."""
