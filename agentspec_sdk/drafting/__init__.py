@@ -1,1 +1,24 @@
 """Structure-aware drafting logic (no vllm import): the plan, the proposer, the budget allocator."""
+
+from agentspec_sdk.drafting.budget import allocate, default_step_budget, fixed, predicted_saving
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
+from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan, PlanError, PlanWatcher
+from agentspec_sdk.drafting.records import DraftRound
+
+__all__ = [
+    "PLAN_ENV",
+    "DraftPlan",
+    "DraftRound",
+    "PlanError",
+    "PlanWatcher",
+    "RollingHash",
+    "RowInput",
+    "StructureDrafter",
+    "allocate",
+    "default_step_budget",
+    "fixed",
+    "predicted_saving",
+    "prefix_hash",
+    "prefix_hashes",
+]

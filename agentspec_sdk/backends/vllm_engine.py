@@ -1,0 +1,552 @@
+"""The embedded engine: `vllm.LLM` with off | ngram | structure | draft_model speculation.
+
+One background thread owns vLLM's `LLMEngine` (add_request / step); `submit()` from any thread or
+agent queues a turn, so turns that arrive at different times share batches. Each turn carries its
+per-turn Lark grammar (vLLM's `guidance` backend), which also trims drafts to what the grammar allows.
+With `structure`, the in-vLLM proposer (`vllm_proposer.AgentSpecProposer`) reads the plan file named in
+AGENTSPEC_PLAN and appends its drafts to the plan's records file; a finished turn claims its drafts
+from that file (`vllm_metrics.RecordsTail`) and reports them next to vLLM's own per-request counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentspec_sdk.backends.model_bundle import resolve_model
+from agentspec_sdk.backends.vllm_metrics import (
+    RecordsTail,
+    acceptance_by_class,
+    merge_acceptance,
+    vllm_spec_counters,
+)
+from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
+from agentspec_sdk.errors import BackendError, ToolRegistryError
+from agentspec_sdk.structure.formats import AgentFormat, format_names, get_format
+from agentspec_sdk.structure.segmenter import Segmenter, Span, segment
+from agentspec_sdk.structure.tools import ToolRegistry
+
+SPECULATION = ("off", "ngram", "structure", "draft_model")
+ABLATIONS = (None, "no_budget", "no_isolation")
+PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
+
+
+@dataclass
+class TurnRequest:
+    messages: list[dict[str, Any]]
+    fmt: str | AgentFormat = "tool_calls"
+    tools: ToolRegistry | list[dict] | None = None  # None: every registered tool
+    grammar: str | None = None  # None: turn_grammar(fmt, tools, tool_choice); "": unconstrained; else Lark
+    tool_choice: str = "auto"  # auto | required | none | call (the turn is tool calls only)
+    max_tokens: int = 256
+    temperature: float = 0.0
+    request_id: str | None = None
+    agent_id: str | None = None
+
+
+@dataclass
+class TurnResult:
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    spans: list[Span] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+    acceptance: dict[str, dict[str, int]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    spec: dict[str, Any] | None = None  # vLLM's per-request spec-decode metrics (None: no speculation)
+    agent_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class StreamEvent:
+    text_delta: str
+    kind: str
+    law_class: str
+    result: TurnResult | None = None  # set on the last event only
+
+
+@dataclass
+class _Live:
+    req: TurnRequest
+    request_id: str
+    fmt: AgentFormat
+    future: Future
+    prompt_ids: list[int]
+    sampling: Any
+    events: queue.Queue | None = None
+    segmenter: Segmenter | None = None
+    text: str = ""
+    text_all: str = ""
+    emitted: int = 0
+    t_submit: float = 0.0
+    t_added: float = 0.0
+    t_first: float = 0.0
+
+
+class Engine:
+    """Embedded vLLM with structure-aware speculation. See docs/engine.md."""
+
+    def __init__(self, model: str | os.PathLike | None = None, speculation: str = "off", gamma_max: int = 8,
+                 step_budget: int | None = None, draft_model: str | None = None,
+                 formats: Sequence[str | AgentFormat] | None = None, tools: ToolRegistry | list | None = None,
+                 enable_prefix_caching: bool = True, max_model_len: int = 4096, seed: int = 0,
+                 ablation: str | None = None, *, ngram_min: int = 2, ngram_max: int = 5,
+                 law: dict[str, float] | None = None, dtype: str | None = None, kv_cache_gb: float = 2.0,
+                 reserved_cpus: int | None = None, in_process: bool = True, max_num_seqs: int = 32,
+                 enforce_eager: bool = False, work_dir: str | os.PathLike | None = None):
+        if speculation not in SPECULATION:
+            raise BackendError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
+        if ablation not in ABLATIONS:
+            raise BackendError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
+        if speculation == "draft_model" and not draft_model:
+            raise BackendError("speculation='draft_model' needs draft_model=<HF folder or id>")
+        if not isinstance(gamma_max, int) or not 1 <= gamma_max <= 64:
+            raise BackendError(f"gamma_max must be an integer in [1, 64], got {gamma_max!r}")
+        self.speculation = speculation
+        self.gamma_max = gamma_max
+        self.model = resolve_model(model)
+        self.max_model_len = max_model_len
+        self.formats = {f.name: f for f in (get_format(x) for x in (formats or format_names()))}
+        self.registry = _as_registry(tools) if tools is not None else ToolRegistry()
+        self._lock = threading.Lock()
+        self._work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="agentspec-engine-"))
+        self._work.mkdir(parents=True, exist_ok=True)
+        self.plan_path = self._work / "plan.json"
+        self.records_path = self._work / "records.jsonl"
+        self.plan = DraftPlan(formats=list(self.formats.values()), tools=self.registry.openai_tools(),
+                              tokenizer=self.model, gamma_max=gamma_max, step_budget=step_budget,
+                              isolation=ablation != "no_isolation", budget=ablation != "no_budget",
+                              records_path=str(self.records_path), **(law or {}))
+        self.plan.save(self.plan_path)
+        self.records_path.touch()
+        self._tail = RecordsTail(self.records_path)
+
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self._grammar_errors: dict[str, str] = {}
+        self._llm = self._start_vllm(speculation, draft_model, enable_prefix_caching, seed, dtype,
+                                     kv_cache_gb, reserved_cpus, in_process, max_num_seqs, enforce_eager,
+                                     ngram_min, ngram_max)
+        self._engine = self._llm.llm_engine
+        self._inbox: queue.Queue[_Live] = queue.Queue()
+        self._live: dict[str, _Live] = {}
+        self._ids = itertools.count()
+        self._wake = threading.Event()
+        self._closing = False
+        self._dead: str | None = None
+        self._idle_agents: dict[str, float] = {}
+        self._acceptance: dict[str, dict[str, int]] = {}
+        self._totals = {"requests": 0, "errors": 0, "output_tokens": 0, "claimed_drafted": 0,
+                        "claimed_accepted": 0, "vllm_request_accepted": 0, "vllm_request_drafted": 0}
+        self._step_s = 0.0
+        self._steps = 0
+        self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
+        self._thread.start()
+
+    # -- start ------------------------------------------------------------------------------------
+
+    def _start_vllm(self, speculation, draft_model, prefix_caching, seed, dtype, kv_cache_gb, reserved_cpus,
+                    in_process, max_num_seqs, enforce_eager, ngram_min, ngram_max):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+        # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        if reserved_cpus is not None:
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved_cpus)
+        spec: dict[str, Any] | None = None
+        if speculation == "ngram":
+            spec = {"method": "ngram", "num_speculative_tokens": self.gamma_max,
+                    "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
+        elif speculation == "structure":
+            spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": self.gamma_max}
+        elif speculation == "draft_model":
+            spec = {"method": "draft_model", "model": resolve_model(draft_model),
+                    "num_speculative_tokens": self.gamma_max}
+        previous = os.environ.get(PLAN_ENV)
+        os.environ[PLAN_ENV] = str(self.plan_path)
+        try:
+            from vllm import LLM
+
+            return LLM(model=self.model, dtype=dtype or _default_dtype(), max_model_len=self.max_model_len,
+                       enable_prefix_caching=prefix_caching, seed=seed, max_num_seqs=max_num_seqs,
+                       structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
+                       per_request_spec_decode_metrics="detailed" if spec else "none",
+                       disable_log_stats=False, enforce_eager=enforce_eager)
+        finally:
+            if previous is None:
+                os.environ.pop(PLAN_ENV, None)
+            else:
+                os.environ[PLAN_ENV] = previous
+
+    # -- tools and formats ------------------------------------------------------------------------
+
+    def register_tools(self, tools: ToolRegistry | list) -> None:
+        """Add tools (new names only; a known name with another schema is an error) and update the plan."""
+        changed = False
+        with self._lock:
+            for tool in _as_registry(tools):
+                if tool.name in self.registry:
+                    if self.registry.get(tool.name).parameters != tool.parameters:
+                        raise ToolRegistryError(f"tool {tool.name!r} is already registered with another schema")
+                    continue
+                self.registry.add(tool)
+                changed = True
+            if changed:
+                self.plan.tools = self.registry.openai_tools()
+                self.plan.save(self.plan_path)
+
+    def _use_format(self, fmt: str | AgentFormat) -> AgentFormat:
+        fmt = get_format(fmt)
+        with self._lock:
+            if self.formats.get(fmt.name) != fmt:
+                self.formats[fmt.name] = fmt
+                self.plan.formats = [f.to_dict() for f in self.formats.values()]
+                self.plan.save(self.plan_path)
+        return fmt
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(self, req: TurnRequest) -> Future:
+        """Queue one turn; the future resolves to its TurnResult (an `error` result for a bad turn)."""
+        return self._submit(req, events=None)
+
+    def generate(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    async def agenerate(self, req: TurnRequest) -> TurnResult:
+        return await asyncio.wrap_future(self.submit(req))
+
+    def stream(self, req: TurnRequest) -> Iterator[StreamEvent]:
+        """Text deltas labelled with their segment kind and law class; the last event carries the result."""
+        events: queue.Queue = queue.Queue()
+        future = self._submit(req, events=events)
+        while True:
+            ev = events.get()
+            if ev is None:
+                break
+            yield ev
+        result = future.result()
+        yield StreamEvent("", "", "", result=result)
+
+    def _submit(self, req: TurnRequest, events: queue.Queue | None) -> Future:
+        if self._dead:
+            raise BackendError(f"engine stopped: {self._dead}")
+        if self._closing:
+            raise BackendError("engine is closed")
+        future: Future = Future()
+        request_id = req.request_id or f"turn-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
+        t_submit = time.perf_counter()
+        try:
+            fmt = self._use_format(req.fmt)
+            registry = self._request_tools(req)
+            prompt_ids = self._prompt_ids(req, fmt, registry)
+            sampling = self._sampling(req, fmt, registry)
+        except Exception as exc:  # a bad turn fails alone, with the reason
+            with self._lock:
+                self._totals["errors"] += 1
+            if events is not None:
+                events.put(None)
+            future.set_result(TurnResult(request_id, error=f"{type(exc).__name__}: {exc}", agent_id=req.agent_id))
+            return future
+        live = _Live(req, request_id, fmt, future, prompt_ids, sampling, events,
+                     Segmenter(fmt) if events is not None else None, t_submit=t_submit)
+        self._inbox.put(live)
+        self._wake.set()
+        return future
+
+    def _request_tools(self, req: TurnRequest) -> ToolRegistry:
+        if req.tools is None:
+            return self.registry
+        registry = _as_registry(req.tools)
+        unknown = [t for t in registry if t.name not in self.registry]
+        if unknown:
+            self.register_tools(unknown)
+        return registry
+
+    def _prompt_ids(self, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry) -> list[int]:
+        messages = chat_messages(req.messages, fmt, registry)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) + req.max_tokens > self.max_model_len:
+            raise BackendError(f"prompt of {len(ids)} tokens + max_tokens {req.max_tokens} exceeds "
+                               f"max_model_len {self.max_model_len}")
+        return ids
+
+    def grammar_for(self, fmt: str | AgentFormat, tools: ToolRegistry | list | None = None,
+                    tool_choice: str = "auto") -> str:
+        from agentspec_sdk.structure.turn_grammar import turn_grammar
+
+        registry = self.registry if tools is None else _as_registry(tools)
+        return turn_grammar(get_format(fmt), registry, tool_choice=tool_choice)
+
+    def _sampling(self, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        grammar = req.grammar
+        if grammar is None:
+            grammar = self.grammar_for(fmt, registry, req.tool_choice)
+        structured = None
+        if grammar:
+            error = self._check_grammar(grammar)
+            if error:
+                raise BackendError(f"grammar failed to compile: {error}")
+            structured = StructuredOutputsParams(grammar=grammar)
+        return SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens,
+                              stop=list(fmt.stop) or None, structured_outputs=structured,
+                              output_kind=RequestOutputKind.CUMULATIVE)
+
+    def _check_grammar(self, grammar: str) -> str:
+        if grammar not in self._grammar_errors:
+            import llguidance
+
+            try:
+                error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
+            except Exception as exc:  # llguidance raises on some malformed inputs instead of reporting
+                error = str(exc)
+            if len(self._grammar_errors) > 512:
+                self._grammar_errors.clear()
+            self._grammar_errors[grammar] = error.strip()
+        return self._grammar_errors[grammar]
+
+    # -- agents -----------------------------------------------------------------------------------
+
+    def mark_idle(self, agent_id: str) -> None:
+        """The agent waits on a tool: it has no row in the batch, so its budget goes to active rows."""
+        self._idle_agents[agent_id] = time.perf_counter()
+
+    def mark_active(self, agent_id: str) -> None:
+        self._idle_agents.pop(agent_id, None)
+
+    # -- the stepping thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        from vllm.inputs import TokensPrompt
+
+        try:
+            while not self._closing:
+                self._admit(TokensPrompt)
+                if not self._engine.has_unfinished_requests():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                started = time.perf_counter()
+                outputs = self._engine.step()
+                self._step_s += time.perf_counter() - started
+                self._steps += 1
+                for out in outputs:
+                    self._on_output(out)
+        except Exception as exc:  # vLLM itself failed: every waiting turn learns why
+            self._dead = f"{type(exc).__name__}: {exc}"
+            for live in list(self._live.values()):
+                self._fail(live, f"engine failed: {self._dead}")
+            self._live.clear()
+
+    def _admit(self, tokens_prompt) -> None:
+        while True:
+            try:
+                live = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            live.t_added = time.perf_counter()
+            try:
+                self._engine.add_request(live.request_id, tokens_prompt(prompt_token_ids=live.prompt_ids),
+                                         live.sampling)
+            except Exception as exc:  # vLLM rejected this request only
+                self._fail(live, f"{type(exc).__name__}: {exc}")
+                continue
+            self._live[live.request_id] = live
+
+    def _on_output(self, out) -> None:
+        live = self._live.get(out.request_id)
+        if live is None:
+            return
+        comp = out.outputs[0]
+        now = time.perf_counter()
+        if not live.t_first and len(comp.token_ids):
+            live.t_first = now
+        if live.events is not None and (len(comp.text) > len(live.text) or out.finished):
+            live.text_all = comp.text
+            self._emit(live, comp.text[len(live.text):], final=out.finished)
+        live.text = comp.text
+        if not out.finished:
+            return
+        del self._live[out.request_id]
+        self._finish(live, out, comp, now)
+
+    def _emit(self, live: _Live, delta: str, final: bool = False) -> None:
+        """Send text whose segment is decided; text that may still begin a marker waits (`pending`)."""
+        seg = live.segmenter
+        closed = seg.feed(delta)
+        decided = len(seg) if final else len(seg) - len(seg.pending)
+        at = live.emitted
+        for span in closed:
+            if span.end > at:
+                live.events.put(StreamEvent(live.text_all[at:span.end], span.kind, span.law_class.value))
+                at = span.end
+        if decided > at:
+            live.events.put(StreamEvent(live.text_all[at:decided], seg.kind, seg.law_class.value))
+            at = decided
+        live.emitted = at
+
+    def _finish(self, live: _Live, out, comp, now: float) -> None:
+        prompt_ids = list(out.prompt_token_ids or live.prompt_ids)
+        token_ids = list(comp.token_ids)
+        self._tail.poll()
+        records = self._tail.claim(prompt_ids, token_ids) if self.speculation == "structure" else []
+        acceptance = acceptance_by_class(records)
+        spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
+        t_first = live.t_first or now
+        result = TurnResult(
+            request_id=live.request_id, text=comp.text, token_ids=token_ids, prompt_token_ids=prompt_ids,
+            finish_reason=comp.finish_reason, spans=segment(live.fmt, comp.text), records=records,
+            acceptance=acceptance, spec=spec, agent_id=live.req.agent_id,
+            timings={"e2e_s": now - live.t_submit, "queue_s": live.t_added - live.t_submit,
+                     "prefill_s": t_first - live.t_added, "decode_s": now - t_first})
+        with self._lock:
+            self._totals["requests"] += 1
+            self._totals["output_tokens"] += len(token_ids)
+            self._totals["claimed_drafted"] += sum(r["drafted"] for r in records)
+            self._totals["claimed_accepted"] += sum(r["accepted"] for r in records)
+            if spec:
+                self._totals["vllm_request_accepted"] += spec["num_accepted_draft_tokens"]
+                self._totals["vllm_request_drafted"] += spec["num_draft_tokens"]
+            merge_acceptance(self._acceptance, acceptance)
+        if live.events is not None:
+            live.events.put(None)
+        live.future.set_result(result)
+
+    def _fail(self, live: _Live, error: str) -> None:
+        with self._lock:
+            self._totals["errors"] += 1
+        if live.events is not None:
+            live.events.put(None)
+        if not live.future.done():
+            live.future.set_result(TurnResult(live.request_id, error=error, agent_id=live.req.agent_id))
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Totals: per-class acceptance settled from the proposer's drafts, the proposer's own step log,
+        vLLM's spec-decode counters and step time. `claimed_accepted` equals vLLM's accepted tokens."""
+        self._tail.poll()
+        with self._lock:
+            totals = dict(self._totals)
+            acceptance = json.loads(json.dumps(self._acceptance))
+        proposer = self._tail.proposer_stats()
+        return {
+            "speculation": self.speculation, "gamma_max": self.gamma_max, **totals,
+            "acceptance": acceptance, "proposer": proposer, "vllm": vllm_spec_counters(self._engine),
+            "steps": self._steps, "step_s": self._step_s,
+            "proposer_share": proposer["proposer_s"] / self._step_s if self._step_s else 0.0,
+            "idle_agents": sorted(self._idle_agents),
+        }
+
+    def proposer(self):
+        """The in-process proposer object (None when vLLM runs its engine core in another process)."""
+        try:
+            core = self._engine.engine_core.engine_core
+            return core.model_executor.driver_worker.worker.model_runner.drafter
+        except AttributeError:
+            return None
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        for live in list(self._live.values()):
+            self._fail(live, "engine closed")
+        try:
+            self._engine.engine_core.shutdown()
+        except Exception:  # shutting down twice or a half-started engine: nothing left to free
+            pass
+        self._llm = self._engine = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- prompts --------------------------------------------------------------------------------------
+
+_ENV_WRAP = {"tool_calls": "<tool_response>\n{}\n</tool_response>", "react": "Observation: {}",
+             "code_agent": "<result>\n{}\n</result>"}
+
+
+def format_instructions(fmt: AgentFormat, registry: ToolRegistry) -> str:
+    """The system-prompt section that tells the model how to write a turn of `fmt` and which tools exist."""
+    tools = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters},
+                                 ensure_ascii=False, separators=(",", ":")) for t in registry)
+    if fmt.name == "tool_calls":
+        how = ("To call a tool, reply with exactly one line:\n"
+               '<tool_call>{"name":"<tool name>","arguments":{<arguments as JSON>}}</tool_call>\n'
+               "Use only the tools listed below and copy argument values from the user's message. "
+               "Tool results come back in <tool_response></tool_response>.")
+    elif fmt.name == "react":
+        how = ("Answer in this format:\nThought: <your reasoning>\nAction: <tool name>\n"
+               "Action Input: <arguments as JSON>\nObservation: <the tool result, written by the system>\n"
+               "... (repeat as needed)\nFinal Answer: <the answer>")
+    elif fmt.name == "code_agent":
+        how = ("Think briefly, then write Python code in a ```python fenced block. The result of running "
+               "it comes back in <result></result>. The tools below are Python functions you can call.")
+    else:
+        how = fmt.description or f"Write your turn in the {fmt.name} format."
+    return f"{how}\n\nTools (JSON):\n{tools}" if tools else how
+
+
+def chat_messages(messages: list[dict], fmt: AgentFormat, registry: ToolRegistry) -> list[dict[str, str]]:
+    """Messages with the format/tool instructions in the system prompt and tool results wrapped."""
+    out: list[dict[str, str]] = []
+    system = format_instructions(fmt, registry)
+    wrap = _ENV_WRAP.get(fmt.name, "{}")
+    for m in messages:
+        role, content = m.get("role"), m.get("content") or ""
+        if role not in ("system", "user", "assistant", "tool"):
+            raise BackendError(f"message role must be system, user, assistant or tool, got {role!r}")
+        if role == "system":
+            system = f"{content}\n\n{system}"
+        elif role == "tool":
+            out.append({"role": "user", "content": wrap.format(content)})
+        else:
+            out.append({"role": role, "content": content})
+    return [{"role": "system", "content": system}] + out
+
+
+def _as_registry(tools) -> ToolRegistry:
+    if isinstance(tools, ToolRegistry):
+        return tools
+    return ToolRegistry(list(tools))
+
+
+def _default_dtype() -> str:
+    try:
+        from vllm.platforms import current_platform
+
+        return "float32" if current_platform.is_cpu() else "auto"
+    except Exception:
+        return "auto"

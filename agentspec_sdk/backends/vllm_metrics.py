@@ -1,0 +1,140 @@
+"""Accounting on the engine side: the proposer's records file, settled per request, and vLLM's counters.
+
+The proposer appends JSON lines to the plan's records file: "draft" (each draft handed to vLLM, with the
+history length `position` and fingerprint `prefix_hash` where it starts), "round" (the drafter's own
+resolution of its previous draft, used for its online acceptance) and "step" (rows, proposer seconds,
+errors). A finished request claims the drafts whose `(position, prefix_hash)` lie on its token history
+and settles each against the final tokens: accepted = common prefix of draft and what followed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, defaultdict
+from pathlib import Path
+
+from agentspec_sdk.drafting.fingerprint import prefix_hashes
+
+MAX_OPEN_DRAFTS = 200_000  # drafts not yet claimed by a finished request (aborted ones age out)
+
+
+class RecordsTail:
+    """Reads the records file incrementally and keeps unclaimed drafts and running totals."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = b""
+        self._drafts: OrderedDict[tuple[int, int], dict] = OrderedDict()
+        self.steps = 0
+        self.rows = 0
+        self.drafted = 0
+        self.proposer_s = 0.0
+        self.errors = 0
+        self.batch_errors = 0
+        self.rounds: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        if not data:
+            return
+        self._offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # an incomplete last line waits for the next poll
+        for line in lines:
+            if line.strip():
+                self._take(json.loads(line))
+
+    def _take(self, rec: dict) -> None:
+        kind = rec.get("type")
+        if kind == "draft":
+            key = (int(rec["position"]), int(rec["prefix_hash"]))
+            self._drafts[key] = rec
+            self._drafts.move_to_end(key)
+            while len(self._drafts) > MAX_OPEN_DRAFTS:
+                self._drafts.popitem(last=False)
+        elif kind == "step":
+            self.steps += 1
+            self.rows += int(rec.get("rows", 0))
+            self.drafted += int(rec.get("drafted", 0))
+            self.proposer_s += float(rec.get("proposer_s", 0.0))
+            self.errors += int(rec.get("errors", 0))
+            self.batch_errors += int(bool(rec.get("batch_error")))
+        elif kind == "round":
+            tot = self.rounds[(rec["law_class"], rec["source"])]
+            tot[0] += 1
+            tot[1] += int(rec["drafted"])
+            tot[2] += int(rec["accepted"])
+
+    def claim(self, prompt_ids: list[int], output_ids: list[int]) -> list[dict]:
+        """The settled rounds of one finished request, in order (draft lines are removed once claimed)."""
+        ids = list(prompt_ids) + list(output_ids)
+        if not self._drafts or not output_ids:
+            return []
+        hashes = prefix_hashes(ids)
+        records = []
+        start = len(prompt_ids)
+        for pos in range(start, len(ids)):
+            rec = self._drafts.pop((pos, int(hashes[pos - 1])), None)
+            if rec is None:
+                continue
+            tokens = rec["tokens"]
+            following = ids[pos:pos + len(tokens)]
+            accepted = 0
+            for a, b in zip(tokens, following, strict=False):
+                if a != b:
+                    break
+                accepted += 1
+            # A draft at the very end of the output (the request stopped there) settles to what exists.
+            records.append({"position": pos - start, "kind": rec["kind"], "law_class": rec["law_class"],
+                            "source": rec["source"], "drafted": len(tokens), "accepted": accepted,
+                            "tokens": list(tokens)})
+        return records
+
+    def proposer_stats(self) -> dict:
+        by_source = {f"{cls}/{src}": {"rounds": r, "drafted": d, "accepted": a}
+                     for (cls, src), (r, d, a) in sorted(self.rounds.items())}
+        return {"steps": self.steps, "rows": self.rows, "drafted": self.drafted,
+                "proposer_s": self.proposer_s, "errors": self.errors, "batch_errors": self.batch_errors,
+                "resolved_rounds": by_source}
+
+
+def acceptance_by_class(records: list[dict]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        cls = out.setdefault(r["law_class"], {"rounds": 0, "drafted": 0, "accepted": 0})
+        cls["rounds"] += 1
+        cls["drafted"] += r["drafted"]
+        cls["accepted"] += r["accepted"]
+    return out
+
+
+def merge_acceptance(total: dict, part: dict) -> None:
+    for cls, counts in part.items():
+        dst = total.setdefault(cls, {"rounds": 0, "drafted": 0, "accepted": 0})
+        for k, v in counts.items():
+            dst[k] = dst.get(k, 0) + v
+
+
+def vllm_spec_counters(llm_engine) -> dict:
+    """vLLM's speculative-decoding counters (totals since start)."""
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+    try:
+        metrics = llm_engine.get_metrics()
+    except AssertionError:  # stat logging disabled
+        return out
+    for m in metrics:
+        name = m.name.removeprefix("vllm:spec_decode_")
+        if name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            out[name] += int(m.value)
+        elif name == "num_accepted_tokens_per_pos":
+            vals = list(m.values)
+            acc = out["accepted_per_pos"]
+            out["accepted_per_pos"] = [a + b for a, b in zip(acc + [0] * (len(vals) - len(acc)), vals, strict=False)]
+    return out

@@ -1,0 +1,100 @@
+"""Per-step draft lengths: greedy marginal value under a step budget, and the law's gate.
+
+The j-th draft token of row r is accepted with probability alpha_r^j (acceptance is a prefix), so its
+expected value is alpha_r^j tokens; verifying it costs `price` = delta + d of a target pass. Tokens are
+taken in order of value while value >= price and the step budget lasts. Because alpha^j falls with j,
+each row gets a prefix 1..gamma_r of its draft.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agentspec_sdk.errors import LawInputError
+from agentspec_sdk.law.closed_forms import saving, tau
+
+
+def default_step_budget(delta: float, d: float, gamma_max: int) -> int:
+    """Draft tokens per step (all rows together) whose summed marginal cost stays within one target pass.
+
+    Each extra verified token costs delta + d of a forward pass. Beyond 1 / (delta + d) extra tokens a
+    step costs more than a second plain pass, so speculation past that point cannot pay on average.
+    Never below gamma_max, so one row can always get a full draft.
+    """
+    price = delta + d
+    if not math.isfinite(price) or price < 0:
+        raise LawInputError(f"delta + d must be a finite number >= 0, got {price}")
+    if price == 0:
+        return 1 << 30
+    return max(int(gamma_max), int(math.floor(1.0 / price)))
+
+
+def predicted_saving(alphas: np.ndarray, gammas: np.ndarray, delta: float, d: float) -> np.ndarray:
+    """The law's net saving s = 1 - (1 + gamma (delta + d)) / (tau + 1), tau from alpha (eps = 1 - alpha)."""
+    alphas = np.asarray(alphas, dtype=float)
+    gammas = np.asarray(gammas, dtype=float)
+    t = tau(np.maximum(gammas, 0.0), 1.0 - np.clip(alphas, 0.0, 1.0))
+    return np.asarray(saving(gammas, t, delta, d), dtype=float)
+
+
+def allocate(
+    alphas,
+    price: float,
+    step_budget: int | None,
+    gamma_max: int,
+    max_len_per_row=None,
+    *,
+    gate: bool = True,
+) -> np.ndarray:
+    """Draft length per row (int array, 0..min(gamma_max, max_len_per_row[r])).
+
+    `alphas`: per-row acceptance estimates in [0, 1]. `price`: delta + d. `step_budget`: total draft
+    tokens this step (None = unlimited).
+
+    The law's gate (no draft where the predicted saving s = 1 - (1 + gamma price) / (tau + 1) is
+    negative) holds by construction: every token given has alpha^j >= price, so
+    tau = sum_j alpha^j >= gamma price and s >= 0. `gate=False` is accepted for symmetry with `fixed`.
+    """
+    a = np.clip(np.asarray(alphas, dtype=float).reshape(-1), 0.0, 1.0)
+    rows = a.size
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    if gamma_max < 0 or (step_budget is not None and step_budget < 0) or price < 0:
+        raise LawInputError(
+            f"allocate needs gamma_max >= 0, step_budget >= 0, price >= 0; "
+            f"got {gamma_max}, {step_budget}, {price}")
+    caps = _caps(rows, gamma_max, max_len_per_row)
+    width = int(caps.max()) if rows else 0
+    if width == 0:
+        return np.zeros(rows, dtype=np.int64)
+    j = np.arange(1, width + 1, dtype=float)
+    values = a[:, None] ** j[None, :]
+    usable = (j[None, :] <= caps[:, None]) & (values >= price)
+    counts = usable.sum(axis=1)
+    if step_budget is not None and counts.sum() > step_budget:
+        flat = np.where(usable, values, -1.0).ravel()
+        # highest value first; among equal values, lower j first keeps each row's allocation a prefix
+        order = np.lexsort((np.tile(j, rows), -flat))[: int(step_budget)]
+        order = order[flat[order] >= 0]
+        counts = np.bincount(order // width, minlength=rows)
+    return counts.astype(np.int64)
+
+
+def fixed(alphas, price: float, gamma_max: int, max_len_per_row=None, *, gate: bool = True) -> np.ndarray:
+    """Ablation "structure-without-budget": every row drafts min(gamma_max, available) tokens."""
+    a = np.clip(np.asarray(alphas, dtype=float).reshape(-1), 0.0, 1.0)
+    counts = _caps(a.size, gamma_max, max_len_per_row)
+    if gate:
+        counts[predicted_saving(a, counts, price, 0.0) < 0] = 0
+    return counts
+
+
+def _caps(rows: int, gamma_max: int, max_len_per_row) -> np.ndarray:
+    if max_len_per_row is None:
+        return np.full(rows, int(gamma_max), dtype=np.int64)
+    caps = np.asarray(max_len_per_row, dtype=np.int64).reshape(-1)
+    if caps.size != rows:
+        raise LawInputError(f"max_len_per_row has {caps.size} entries for {rows} rows")
+    return np.minimum(np.maximum(caps, 0), int(gamma_max))

@@ -1,0 +1,488 @@
+"""The structure drafter: one draft per batch row from the row's token history and the plan.
+
+vLLM's custom proposer hands over only token histories (no request ids, no grammar state), so each row
+is tracked by its history: a cached `_Row` (decoded text, segmenter over the model's turn, lookup
+corpora, tool-call matcher, pending draft) is reused when the row's history extends the cached one by
+at most one round's worth of tokens, and rebuilt otherwise (rows finish, arrive, get reordered).
+
+Per step and row: resolve the previous draft (accounting), find the open segment, build a candidate
+draft (grammar-forced text inside a tool call, else in-segment lookup), cut it at the segment's end,
+then size all drafts together with the budget allocator.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agentspec_sdk.drafting.budget import allocate, fixed
+from agentspec_sdk.drafting.fingerprint import RollingHash
+from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
+from agentspec_sdk.drafting.lookup import SEPARATOR, continuation
+from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
+from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
+from agentspec_sdk.drafting.text import HistoryText, TokenBytes
+from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.law.estimators import OnlineAcceptance
+from agentspec_sdk.structure.formats import AgentFormat, LawClass
+from agentspec_sdk.structure.segmenter import Segmenter
+
+FALLBACK_TURN_START = "<|im_start|>assistant\n"
+FALLBACK_TURN_END = "<|im_end|>"
+ANCHOR_TOKENS = 4  # emitted tokens re-tokenized together with a draft (BPE context)
+MAX_MATCH_CHARS = 64
+# What usually follows forced JSON text (a value's first letter or digit): a last forced token that
+# survives these stays in the draft.
+FORCED_PROBES = ("a", "0")
+# After a lookup draft cut where the grammar or the segment ends it: what may come next there.
+TRIMMED_PROBES = ("a", "0", '"')
+
+
+@dataclass(frozen=True, slots=True)
+class RowInput:
+    """One batch row: its whole history (prompt + output so far, including the tokens just sampled).
+
+    `num_tokens` limits the history to `token_ids[:num_tokens]` (vLLM's `num_tokens_no_spec`).
+    `draftable` is False for a row that sampled nothing this step (chunked prefill): it gets no draft.
+    """
+
+    token_ids: np.ndarray
+    num_tokens: int | None = None
+    draftable: bool = True
+
+    def history(self) -> np.ndarray:
+        ids = np.asarray(self.token_ids)
+        return ids if self.num_tokens is None else ids[: self.num_tokens]
+
+
+@dataclass(slots=True)
+class _Candidate:
+    tokens: list[int]
+    source: str
+    kind: str
+    law_class: str
+
+
+class _Row:
+    """Cached state of one request's row."""
+
+    __slots__ = ("ids", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
+                 "call", "call_start", "pending")
+
+    def __init__(self, drafter: StructureDrafter, ids: np.ndarray):
+        self.ids = np.array(ids, dtype=np.int64)
+        self.n = len(self.ids)
+        self.hash = RollingHash.of(self.ids)
+        self.text = HistoryText(drafter.token_bytes)
+        self.text.extend(self.ids.tolist())
+        full = self.text.text
+        at = full.rfind(drafter.turn_start)
+        self.turn_char = at + len(drafter.turn_start) if at >= 0 else 0
+        self.prompt_text = full[: self.turn_char]
+        self.fmt = drafter.pick_format(self.prompt_text)
+        self.corpora: dict[str, str] = {}
+        for turn in _model_turns(self.prompt_text, drafter.turn_start, drafter.turn_end):
+            for span in _spans(self.fmt, turn):
+                self._add_corpus(span.kind, turn[span.start:span.end])
+        self.seg = Segmenter(self.fmt)
+        self._feed(full[self.turn_char:])
+        self.call: CallMatcher | None = None
+        self.call_start = -1
+        self.pending: PendingDraft | None = None
+
+    def matches(self, ids: np.ndarray, max_growth: int) -> bool:
+        n = self.n
+        return n <= len(ids) <= n + max_growth and np.array_equal(ids[:n], self.ids[:n])
+
+    def advance(self, ids: np.ndarray) -> None:
+        new = ids[self.n:]
+        if not len(new):
+            return
+        self.ids = np.array(ids, dtype=np.int64)
+        self.n = len(ids)
+        new_list = new.tolist()
+        self.hash.extend(new_list)
+        self._feed(self.text.extend(new_list))
+
+    def _feed(self, chunk: str) -> None:
+        if not chunk:
+            return
+        turn = self.text.text
+        for span in self.seg.feed(chunk):
+            self._add_corpus(span.kind, turn[self.turn_char + span.start:self.turn_char + span.end])
+
+    def _add_corpus(self, kind: str, text: str) -> None:
+        if text:
+            self.corpora[kind] = self.corpora.get(kind, "") + text + SEPARATOR
+
+    def segment_text(self) -> str:
+        return self.text.text[self.turn_char + self.seg.current.start:]
+
+
+def _model_turns(prompt: str, turn_start: str, turn_end: str) -> list[str]:
+    """Texts of the earlier model turns in a rendered prompt (between turn start and turn end)."""
+    turns = []
+    at = prompt.find(turn_start)
+    while at >= 0:
+        begin = at + len(turn_start)
+        end = prompt.find(turn_end, begin) if turn_end else -1
+        end = len(prompt) if end < 0 else end
+        turns.append(prompt[begin:end])
+        at = prompt.find(turn_start, end)
+    return turns
+
+
+def _spans(fmt: AgentFormat, text: str):
+    seg = Segmenter(fmt)
+    seg.feed(text)
+    return seg.all_spans()
+
+
+class StructureDrafter:
+    """`propose(rows) -> list[list[int]]`: structure-isolated, budget-sized drafts for a batch."""
+
+    def __init__(self, plan: DraftPlan, tokenizer, *, plan_path: str | None = None,
+                 max_draft: int | None = None):
+        """`plan_path`: re-read the plan when this file changes. `max_draft`: hard cap on a draft's
+        length whatever the plan says (vLLM's num_speculative_tokens)."""
+        self.max_draft = max_draft
+        self.ll, self.token_bytes = _ll_tokenizer(tokenizer)
+        self._watcher = PlanWatcher(plan_path) if plan_path else None
+        self._turn_start_default, self.turn_end = _turn_markers(tokenizer)
+        self._rows: list[_Row | None] = []
+        self.accounting = Accounting(OnlineAcceptance(plan.prior_acceptance), plan.records_path)
+        self._apply_plan(plan)
+
+    @classmethod
+    def from_env(cls, tokenizer) -> StructureDrafter:
+        from agentspec_sdk.drafting.plan import PLAN_ENV
+
+        plan = DraftPlan.from_env()
+        return cls(plan, tokenizer, plan_path=os.environ[PLAN_ENV])
+
+    # -- plan -----------------------------------------------------------------------------------
+
+    def _apply_plan(self, plan: DraftPlan) -> None:
+        self.plan = plan
+        self.formats = plan.agent_formats()
+        self.turn_start = plan.turn_start or self._turn_start_default
+        self.step_budget = plan.effective_step_budget()
+        self.gamma = plan.gamma_max if self.max_draft is None else min(plan.gamma_max, self.max_draft)
+        self.price = plan.delta + plan.d
+        registry = plan.registry()
+        self.grammar_error: str | None = None
+        self._registry = registry if len(registry) else None
+        try:
+            self._call_grammar = _tool_call_grammar(registry) if len(registry) else None
+        except AgentSpecError as exc:  # an unsupported schema: lookup still works, no forced drafts
+            self._call_grammar, self._registry, self.grammar_error = None, None, str(exc)
+        self._proto: dict[tuple, CallMatcher] = {}
+        self._rows = []  # formats or tools changed: rebuild every row's state
+        self.accounting.flush()
+        self.accounting.records_path = Path(plan.records_path) if plan.records_path else None
+
+    def _check_plan(self) -> None:
+        if self._watcher is None:
+            return
+        plan = self._watcher.poll()
+        if plan is None:
+            return
+        old = self.plan
+        try:
+            self._apply_plan(plan)
+        except Exception as exc:  # a plan that cannot be applied keeps the running one
+            self._apply_plan(old)
+            self.grammar_error = f"plan version {plan.version} not applied: {exc}"
+
+    def pick_format(self, prompt_text: str) -> AgentFormat:
+        """With several formats in the plan, the one whose open markers the prompt mentions most."""
+        if len(self.formats) == 1:
+            return self.formats[0]
+        scores = [sum(prompt_text.count(m) for k in f.kinds for m in k.open) for f in self.formats]
+        return self.formats[int(np.argmax(scores))]
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def propose(self, rows: Sequence[RowInput]) -> list[list[int]]:
+        """One draft per row (empty = none). Never raises: a failing row, or a failing step, drafts
+        nothing and is counted in `stats()["errors"]`."""
+        started = time.perf_counter()
+        try:
+            return self._propose(rows, started)
+        except Exception:
+            self._rows = []
+            self.accounting.end_step(len(rows), 0, time.perf_counter() - started, max(1, len(rows)))
+            return [[] for _ in rows]
+
+    def _propose(self, rows: Sequence[RowInput], started: float) -> list[list[int]]:
+        self._check_plan()
+        errors = 0
+        states = self._match_rows(rows)
+        candidates: list[_Candidate | None] = [None] * len(rows)
+        for i, row in enumerate(rows):
+            if not row.draftable:
+                continue
+            try:
+                st = states[i]
+                ids = row.history()
+                if st is None:
+                    st = states[i] = _Row(self, ids)
+                    self.accounting.rebuilds += 1
+                else:
+                    self._resolve(st, ids)
+                    st.advance(ids)
+                candidates[i] = self._candidate(st)
+            except Exception:  # one bad row never takes the batch down: it gets no draft
+                errors += 1
+                states[i] = None
+        self._rows = states
+        drafts = self._size(candidates)
+        for i, draft in enumerate(drafts):
+            st, cand = states[i], candidates[i]
+            if st is not None and draft and cand is not None:
+                st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft)
+        self.accounting.end_step(len(rows), sum(map(len, drafts)), time.perf_counter() - started, errors)
+        return drafts
+
+    def _match_rows(self, rows: Sequence[RowInput]) -> list[_Row | None]:
+        old = self._rows
+        growth = self.gamma + 1
+        out: list[_Row | None] = [None] * len(rows)
+        free = set(range(len(old)))
+        histories = [r.history() for r in rows]
+        for i, ids in enumerate(histories):
+            if i < len(old) and old[i] is not None and old[i].matches(ids, max(growth, _plen(old[i]) + 1)):
+                out[i] = old[i]
+                free.discard(i)
+        if free:
+            for i, ids in enumerate(histories):
+                if out[i] is not None:
+                    continue
+                for j in sorted(free):
+                    st = old[j]
+                    if st is not None and st.matches(ids, max(growth, _plen(st) + 1)):
+                        out[i] = st
+                        free.discard(j)
+                        break
+        for j in free:
+            if old[j] is not None and old[j].pending is not None:
+                self.accounting.dropped += 1
+        return out
+
+    def _resolve(self, st: _Row, ids: np.ndarray) -> None:
+        pending = st.pending
+        if pending is None or len(ids) <= pending.position:
+            return
+        st.pending = None
+        self.accounting.add(resolve(pending, ids[pending.position:].tolist()))
+
+    # -- one row's candidate draft ------------------------------------------------------------
+
+    def _candidate(self, st: _Row) -> _Candidate | None:
+        seg = st.seg
+        kind = st.fmt.kind(seg.kind)
+        if kind.writer != "model" or self.gamma == 0:
+            return None
+        law_class = kind.law_class.value
+        seg_text = st.segment_text()
+        forced = self._forced(st, kind, seg_text)
+        if forced:
+            close = _close_of(kind, seg_text)
+            tokens = self._tokens_for(st, forced, keep_last=bool(close) and forced.endswith(close),
+                                      probes=FORCED_PROBES)
+            if tokens:
+                return _Candidate(tokens, "forced", kind.name, law_class)
+        text, follow = self._lookup(st, kind, law_class, seg_text)
+        if text and st.call is not None and st.call_start == st.seg.current.start:
+            allowed = st.call.valid_prefix(text)  # vLLM would trim the rest by the request grammar anyway
+            if allowed != text:
+                text, follow = allowed, ""
+        if text:
+            probes = (follow,) if follow else TRIMMED_PROBES
+            tokens = self._tokens_for(st, text, keep_last=False, probes=probes)
+            if tokens:
+                return _Candidate(tokens, "lookup", kind.name, law_class)
+        return None
+
+    def _forced(self, st: _Row, kind, seg_text: str) -> str:
+        if self._registry is None or kind.law_class is not LawClass.S:
+            return ""
+        start = st.seg.current.start
+        if st.call_start != start:  # a new segment: a new matcher (or None: nothing to force here)
+            st.call, st.call_start = self._matcher_for(st, kind, seg_text), start
+        opener = _open_of(kind, seg_text)
+        if st.call is None or opener is None:
+            return ""
+        return st.call.forced_text(seg_text[len(opener):])
+
+    def _matcher_for(self, st: _Row, kind, seg_text: str) -> CallMatcher | None:
+        """Which grammar forces text in this segment kind: a JSON tool call between markers (the
+        union over tools), ReAct's ``Action:`` (a tool name), ReAct's ``Action Input:`` (the arguments
+        of the tool named in the preceding action)."""
+        if kind.content == "json" and kind.delimited:
+            close = _close_of(kind, seg_text)
+            key = ("call", close)
+            if key not in self._proto:
+                self._proto[key] = CallMatcher(self.ll, self._call_grammar, close)
+        elif kind.name == "action" and not kind.delimited:
+            key = ("names",)
+            if key not in self._proto:
+                self._proto[key] = CallMatcher(self.ll, name_grammar(self._registry.names))
+        elif kind.name == "action_input":
+            name = self._named_tool(st)
+            if name is None:
+                return None
+            key = ("args", name)
+            if key not in self._proto:
+                grammar = _tool_call_grammar([self._registry.get(name)])
+                self._proto[key] = ArgsMatcher(self.ll, grammar, name)
+        else:
+            return None
+        return self._proto[key].fork()
+
+    def _named_tool(self, st: _Row) -> str | None:
+        turn = st.text.text[st.turn_char:]
+        for span in reversed(st.seg.spans):
+            if span.kind == "action":
+                text = turn[span.start:span.end]
+                marker = _open_of(st.fmt.kind("action"), text) or ""
+                name = text[len(marker):].strip()
+                return name if name in self._registry else None
+        return None
+
+    def _lookup(self, st: _Row, kind, law_class: str, seg_text: str) -> tuple[str, str]:
+        if not self.plan.isolation:
+            full = st.text.text
+            corpora = [(full, len(full) - 1)]
+        else:
+            corpora = [(seg_text, len(seg_text) - 1)]
+            same = st.corpora.get(kind.name)
+            if same:
+                corpora.append((same, len(same)))
+            if law_class == "S":
+                corpora.append((st.prompt_text, len(st.prompt_text)))
+        text, follow, _ = continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
+                                       max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
+        return text, follow
+
+    def _tokens_for(self, st: _Row, text: str, *, keep_last: bool, probes: tuple[str, ...] = ()) -> list[int]:
+        if self.plan.isolation:
+            cut = st.seg.boundary_in(text)
+            if cut is not None:
+                text, keep_last = text[:cut], True
+        if not text:
+            return []
+        first = max(0, st.n - ANCHOR_TOKENS)
+        emitted = st.ids[first:].tolist()
+        tail = st.text.text[st.text.token_start(first):]
+        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last, probes=probes)
+        return tokens[: self.gamma]
+
+    # -- sizing -------------------------------------------------------------------------------
+
+    def _size(self, candidates: list[_Candidate | None]) -> list[list[int]]:
+        if not candidates:
+            return []
+        acc = self.accounting.acceptance
+        alphas = np.array([acc.alpha(c.law_class, c.source) if c else 0.0 for c in candidates])
+        lengths = np.array([len(c.tokens) if c else 0 for c in candidates])
+        if self.plan.budget:
+            sizes = allocate(alphas, self.price, self.step_budget, self.gamma, lengths)
+        else:
+            sizes = fixed(alphas, self.price, self.gamma, lengths, gate=self.plan.gate)
+        return [c.tokens[: int(k)] if c and k else [] for c, k in zip(candidates, sizes, strict=True)]
+
+    # -- reading --------------------------------------------------------------------------------
+
+    @property
+    def records(self):
+        return self.accounting.records
+
+    def pending_draft(self, row: int) -> PendingDraft | None:
+        """The unresolved draft the last `propose` gave batch row `row` (position, prefix_hash, kind,
+        law_class, source, tokens), or None."""
+        states = self._rows
+        state = states[row] if 0 <= row < len(states) else None
+        return state.pending if state is not None else None
+
+    def stats(self) -> dict:
+        return {**self.accounting.stats(), "plan_version": self.plan.version,
+                "grammar_error": self.grammar_error}
+
+    def reset_stats(self) -> None:
+        self.accounting.reset()
+
+    def flush(self) -> None:
+        self.accounting.flush()
+
+
+def _plen(st: _Row) -> int:
+    return len(st.pending.tokens) if st.pending is not None else 0
+
+
+def _open_of(kind, seg_text: str) -> str | None:
+    for marker in kind.open:
+        if seg_text.startswith(marker):
+            return marker
+    return None
+
+
+def _close_of(kind, seg_text: str) -> str:
+    if not kind.close:
+        return ""
+    for marker, close in zip(kind.open, kind.close, strict=True):
+        if seg_text.startswith(marker):
+            return close
+    return kind.close[0]
+
+
+_LL_CACHE: dict[int, tuple] = {}
+
+
+def _ll_tokenizer(tokenizer):
+    """(llguidance tokenizer, per-token bytes) for an HF or llguidance tokenizer; cached (~1 s to build)."""
+    import llguidance
+
+    hit = _LL_CACHE.get(id(tokenizer))
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1], hit[2]
+    if isinstance(tokenizer, llguidance.LLTokenizer):
+        ll = tokenizer
+    else:
+        import llguidance.hf
+
+        ll = llguidance.hf.from_tokenizer(tokenizer)
+    _LL_CACHE[id(tokenizer)] = (tokenizer, ll, TokenBytes(ll))
+    return ll, _LL_CACHE[id(tokenizer)][2]
+
+
+def _turn_markers(tokenizer) -> tuple[str, str]:
+    """The text a chat template puts before a model turn (``<|im_start|>assistant\\n``) and the text
+    that ends a turn (``<|im_end|>``)."""
+    fallback = (FALLBACK_TURN_START, FALLBACK_TURN_END)
+    apply = getattr(tokenizer, "apply_chat_template", None)
+    if apply is None or not getattr(tokenizer, "chat_template", None):
+        return fallback
+    mark = "\x07\x07"
+    try:
+        user = [{"role": "user", "content": "x"}]
+        with_prompt = apply(user, tokenize=False, add_generation_prompt=True)
+        without = apply(user, tokenize=False, add_generation_prompt=False)
+        answered = apply(user + [{"role": "assistant", "content": mark}], tokenize=False)
+    except Exception:
+        return fallback
+    if not (with_prompt.startswith(without) and len(with_prompt) > len(without)):
+        return fallback
+    after = answered.split(mark, 1)[1].strip() if mark in answered else ""
+    return with_prompt[len(without):], after or FALLBACK_TURN_END
+
+
+def _tool_call_grammar(registry) -> str:
+    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+
+    return tool_call_grammar(registry)

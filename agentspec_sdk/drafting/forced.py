@@ -1,0 +1,188 @@
+"""Grammar-forced drafts inside a tool call.
+
+An llguidance matcher for the tool-call JSON grammar is kept per open tool-call segment and synced
+with the segment's text each step (tokens already consumed stay; only a changed tail is rolled back).
+The forced continuation is `compute_ff_bytes()` (more than `compute_ff_tokens()`, which stops before a
+token that could merge with later bytes); when the JSON object is complete after it, the segment's
+close marker is forced too. The forced text is then tokenized the way the model's BPE would write it
+(`canonical_tokens`), continuing the row's last tokens.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+
+import llguidance
+
+
+class CallMatcher:
+    """Grammar state of one tool-call segment."""
+
+    __slots__ = ("ll", "matcher", "fed", "dead", "close", "complete")
+
+    prefix = ""  # text the grammar expects before the segment's content (see ArgsMatcher)
+
+    def __init__(self, ll_tokenizer, grammar: str, close_marker: str = ""):
+        self.ll = ll_tokenizer
+        self.matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise ValueError(f"tool-call grammar does not compile: {self.matcher.get_error()}")
+        self.fed: list[int] = []
+        self.dead = False
+        self.close = close_marker
+        self.complete = False  # the JSON object is finished (only the close marker may follow)
+
+    def fork(self) -> CallMatcher:
+        """A fresh matcher for a new segment, sharing the compiled grammar."""
+        other = object.__new__(type(self))
+        other.ll, other.matcher, other.fed = self.ll, self.matcher.deep_copy(), []
+        other.dead, other.close, other.complete = False, self.close, False
+        return other
+
+    def forced_text(self, content: str) -> str:
+        """Text the grammar forces after `content` (the JSON typed so far in this segment)."""
+        if self.dead:
+            return ""
+        body = self.prefix + content.lstrip()
+        rest = ""
+        if self.complete or self.matcher.is_stopped():
+            body, rest = self._split_done(body)
+        else:
+            ok = self._sync(body)
+            if not ok:
+                if not self.matcher.is_accepting():
+                    self.dead = True
+                    return ""
+                self.complete = True
+                body, rest = self._split_done(body)
+        if self.complete or self.matcher.is_stopped():
+            self.complete = True
+            rest = rest.strip()
+            if self.close and self.close.startswith(rest):
+                return self.close[len(rest):]
+            self.dead = True
+            return ""
+        forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
+        if forced and self.close and self._ends_object(forced):
+            forced += self.close
+        return forced
+
+    def _trim(self, body: str, forced: str) -> str:
+        return forced
+
+    def valid_prefix(self, text: str) -> str:
+        """The longest prefix of `text` (in whole matcher tokens) the grammar allows next; call after
+        `forced_text` synced the matcher. Used to trim lookup drafts inside a tool call."""
+        if self.dead or self.complete:
+            return text
+        toks = self.ll.tokenize_str(text)
+        ok = self.matcher.validate_tokens(toks)
+        return text if ok == len(toks) else self.ll.decode_str(toks[:ok])
+
+    def _sync(self, body: str) -> bool:
+        toks = self.ll.tokenize_str(body)
+        fed = self.fed
+        common = 0
+        limit = min(len(fed), len(toks))
+        while common < limit and fed[common] == toks[common]:
+            common += 1
+        if common < len(fed):
+            self.matcher.rollback(len(fed) - common)
+            del fed[common:]
+        new = toks[common:]
+        taken = self.matcher.try_consume_tokens(new) if new else 0
+        fed.extend(new[:taken])
+        return taken == len(new)
+
+    def _split_done(self, body: str) -> tuple[str, str]:
+        done = len(self.ll.decode_str(self.fed))
+        return body[:done], body[done:]
+
+    def _ends_object(self, forced: str) -> bool:
+        toks = self.ll.tokenize_str(forced)
+        taken = self.matcher.try_consume_tokens(toks)
+        stopped = taken == len(toks) and self.matcher.is_stopped()
+        if taken:
+            self.matcher.rollback(taken)
+        return stopped
+
+
+class ArgsMatcher(CallMatcher):
+    """The arguments object of one named tool (ReAct's ``Action Input:``), read with that tool's call
+    grammar: the matcher is fed ``{"name":"<tool>","arguments":`` before the segment's text, and forced
+    text is cut where the arguments object closes (the call's own ``}`` is not the segment's)."""
+
+    def __init__(self, ll_tokenizer, grammar: str, tool_name: str):
+        super().__init__(ll_tokenizer, grammar, "")
+        self.prefix = '{"name":' + json.dumps(tool_name) + ',"arguments":'
+
+    def fork(self) -> ArgsMatcher:
+        other = super().fork()
+        other.prefix = self.prefix
+        return other
+
+    def _trim(self, body: str, forced: str) -> str:
+        end = json_value_end(body[len(self.prefix):] + forced)
+        if end is None:
+            return forced
+        return forced[: max(0, end - (len(body) - len(self.prefix)))]
+
+
+def json_value_end(text: str) -> int | None:
+    """Index just after the first complete JSON object/array at the start of `text`, or None."""
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def name_grammar(names) -> str:
+    """llguidance Lark for ReAct's ``Action:`` content: one tool name and the newline after it."""
+    return "start: (" + " | ".join(json.dumps(n) for n in names) + ') "\\n"'
+
+
+
+def _utf8_prefix(data: bytes) -> str:
+    """The longest whole-character prefix of `data`."""
+    return codecs.getincrementaldecoder("utf-8")(errors="ignore").decode(data, final=False)
+
+
+def canonical_tokens(ll_tokenizer, emitted: list[int], tail_text: str, new_text: str,
+                     *, keep_last: bool, probes: tuple[str, ...] = ()) -> list[int]:
+    """Tokens the model's tokenizer would write for `new_text` after `emitted` (whose text is `tail_text`).
+
+    Re-tokenizes `tail_text + new_text`; if that reproduces `emitted`, the tokens after them are the
+    draft. Otherwise (the model split its last tokens differently from the canonical BPE) the new text is
+    tokenized on its own. The final token may merge with text that follows, and then the target writes
+    a different token: it is kept if `keep_last`, or if appending each of `probes` (likely next
+    characters) leaves it unchanged; otherwise dropped.
+    """
+    text = tail_text + new_text
+    toks = ll_tokenizer.tokenize_str(text)
+    n = len(emitted)
+    if toks[:n] == emitted:
+        out = toks[n:]
+    else:
+        text, n = new_text, 0
+        out = toks = ll_tokenizer.tokenize_str(new_text)
+    if out and not keep_last:
+        stable = bool(probes) and all(
+            ll_tokenizer.tokenize_str(text + p)[: len(toks)] == toks for p in probes)
+        if not stable:
+            out = out[:-1]
+    return out

@@ -1,0 +1,165 @@
+"""The plan the SDK hands to the in-vLLM proposer: formats, tools, tokenizer, law parameters, switches.
+
+It is a JSON file whose path is in the environment variable AGENTSPEC_PLAN, so it also reaches a
+separately started `vllm serve`. The engine rewrites it when tools are registered after start; the
+drafter notices through `PlanWatcher` (mtime checked at most every `poll_s`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.structure.formats import AgentFormat, get_format
+from agentspec_sdk.structure.tools import ToolRegistry
+
+PLAN_ENV = "AGENTSPEC_PLAN"
+DEFAULT_PRIOR = {"S": 0.8, "R": 0.45, "F": 0.3}
+
+
+class PlanError(AgentSpecError):
+    """The plan file is missing, unreadable or has a bad field (the message names it)."""
+
+
+@dataclass
+class DraftPlan:
+    formats: list[dict] = field(default_factory=lambda: [get_format("tool_calls").to_dict()])
+    tools: list[dict] = field(default_factory=list)
+    tokenizer: str | None = None
+    turn_start: str | None = None  # text that opens the model's turn; None: from the chat template
+    gamma_max: int = 8
+    step_budget: int | None = None  # None: default_step_budget(delta, d, gamma_max)
+    kappa: float = 1.0
+    delta: float = 0.02  # verify cost of one extra token / one target pass (CPU: small, measure it)
+    d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
+    prior_acceptance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PRIOR))
+    gate: bool = True
+    isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
+    budget: bool = True  # False: ablation "structure-without-budget" (fixed gamma_max for every row)
+    records_path: str | None = None
+    lookup_min_chars: int = 3
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        self.formats = [f.to_dict() if isinstance(f, AgentFormat) else
+                        get_format(f).to_dict() if isinstance(f, str) else dict(f) for f in self.formats]
+        if isinstance(self.tools, ToolRegistry):
+            self.tools = self.tools.openai_tools()
+        self.tools = [dict(t) for t in self.tools]
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.gamma_max, int) or not 0 <= self.gamma_max <= 64:
+            raise PlanError(f"plan: gamma_max must be an integer in [0, 64], got {self.gamma_max!r}")
+        if self.step_budget is not None and (not isinstance(self.step_budget, int) or self.step_budget < 0):
+            raise PlanError(f"plan: step_budget must be None or an integer >= 0, got {self.step_budget!r}")
+        for name in ("kappa", "delta", "d"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise PlanError(f"plan: {name} must be a number >= 0, got {value!r}")
+        for cls, alpha in self.prior_acceptance.items():
+            if not isinstance(alpha, int | float) or not 0.0 <= alpha <= 1.0:
+                raise PlanError(f"plan: prior_acceptance[{cls!r}] must be in [0, 1], got {alpha!r}")
+        if not self.formats:
+            raise PlanError("plan: formats must name at least one agent format")
+        try:
+            self.agent_formats()
+            self.registry()
+        except AgentSpecError as exc:
+            raise PlanError(f"plan: {exc}") from exc
+
+    # -- derived objects ----------------------------------------------------------------------
+
+    def agent_formats(self) -> list[AgentFormat]:
+        return [AgentFormat.from_dict(f) for f in self.formats]
+
+    def registry(self) -> ToolRegistry:
+        return ToolRegistry(self.tools)
+
+    def effective_step_budget(self) -> int:
+        from agentspec_sdk.drafting.budget import default_step_budget
+
+        if self.step_budget is not None:
+            return self.step_budget
+        return default_step_budget(self.delta, self.d, self.gamma_max)
+
+    # -- file ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DraftPlan:
+        if not isinstance(data, Mapping):
+            raise PlanError(f"plan must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise PlanError(f"plan: unknown fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**dict(data))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (a reader never sees half a file) and bump `version`."""
+        path = Path(path)
+        self.version += 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> DraftPlan:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PlanError(f"cannot read plan file {path}: {exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"plan file {path} is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_env(cls) -> DraftPlan:
+        path = os.environ.get(PLAN_ENV)
+        if not path:
+            raise PlanError(f"environment variable {PLAN_ENV} is not set (it names the draft plan file)")
+        return cls.load(path)
+
+
+class PlanWatcher:
+    """Reloads a plan file when its mtime changes; checks at most every `poll_s` seconds."""
+
+    def __init__(self, path: str | os.PathLike, poll_s: float = 0.5):
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self._mtime = self.path.stat().st_mtime_ns
+        self._next = time.monotonic() + poll_s
+        self.plan = DraftPlan.load(self.path)
+
+    def poll(self) -> DraftPlan | None:
+        """The new plan if the file changed since the last load, else None. A bad file keeps the old."""
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.poll_s
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except OSError:
+            return None
+        if mtime == self._mtime:
+            return None
+        self._mtime = mtime
+        try:
+            plan = DraftPlan.load(self.path)
+        except PlanError:
+            return None
+        self.plan = plan
+        return plan

@@ -1,0 +1,140 @@
+"""Accounting of draft rounds: what was drafted where, how much of it the target accepted.
+
+A round is resolved at the next `propose` call that sees the same row: the tokens the row gained since
+the draft started are compared with the draft (accepted = length of their common prefix). Resolved
+rounds are kept in memory and, when the plan names a `records_path`, appended to it as JSON lines
+(buffered, flushed once per step):
+
+    {"type": "round", "position": 412, "prefix_hash": 1234..., "kind": "tool_call", "law_class": "S",
+     "source": "forced", "drafted": 6, "accepted": 6}
+    {"type": "step", "rows": 8, "drafted": 23, "proposer_s": 0.00041, "errors": 0}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agentspec_sdk.law.estimators import OnlineAcceptance, RoundRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DraftRound:
+    """One resolved round. `position` is the history length when the draft was made (the draft's first
+    token would be token number `position`); `prefix_hash` is fingerprint H(history[:position])."""
+
+    position: int
+    prefix_hash: int
+    kind: str
+    law_class: str
+    source: str
+    drafted: int
+    accepted: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def law_record(self) -> RoundRecord:
+        return RoundRecord(self.law_class, self.source, self.drafted, self.accepted)
+
+
+@dataclass(slots=True)
+class PendingDraft:
+    position: int
+    prefix_hash: int
+    kind: str
+    law_class: str
+    source: str
+    tokens: list[int]
+
+
+def resolve(pending: PendingDraft, new_tokens) -> DraftRound:
+    """Compare a draft with the tokens the row holds after it now."""
+    accepted = 0
+    for drafted_tok, real_tok in zip(pending.tokens, new_tokens, strict=False):
+        if int(drafted_tok) != int(real_tok):
+            break
+        accepted += 1
+    return DraftRound(pending.position, pending.prefix_hash, pending.kind, pending.law_class,
+                      pending.source, len(pending.tokens), accepted)
+
+
+class Accounting:
+    """Online acceptance per (law class, source), the round log and the step log."""
+
+    def __init__(self, acceptance: OnlineAcceptance, records_path: str | os.PathLike | None = None,
+                 keep: int = 1_000_000):
+        self.acceptance = acceptance
+        self.records: list[DraftRound] = []
+        self.records_path = Path(records_path) if records_path else None
+        self._keep = keep
+        self._buffer: list[str] = []
+        self._totals: dict = defaultdict(lambda: [0, 0, 0])  # (class, source) -> rounds, drafted, accepted
+        self.steps = 0
+        self.rows_seen = 0
+        self.proposer_s = 0.0
+        self.errors = 0
+        self.rebuilds = 0
+        self.dropped = 0  # drafts whose row left the batch before they could be resolved
+
+    def add(self, rnd: DraftRound) -> None:
+        self.acceptance.update(rnd.law_class, rnd.source, rnd.drafted, rnd.accepted)
+        tot = self._totals[(rnd.law_class, rnd.source)]
+        tot[0] += 1
+        tot[1] += rnd.drafted
+        tot[2] += rnd.accepted
+        if len(self.records) < self._keep:
+            self.records.append(rnd)
+        if self.records_path is not None:
+            self._buffer.append(json.dumps({"type": "round", **rnd.to_dict()}))
+
+    def end_step(self, rows: int, drafted: int, seconds: float, errors: int) -> None:
+        self.steps += 1
+        self.rows_seen += rows
+        self.proposer_s += seconds
+        self.errors += errors
+        if self.records_path is not None:
+            self._buffer.append(json.dumps({"type": "step", "rows": rows, "drafted": drafted,
+                                            "proposer_s": round(seconds, 7), "errors": errors}))
+            self.flush()
+
+    def flush(self) -> None:
+        if self.records_path is None or not self._buffer:
+            return
+        self.records_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.records_path.open("a", encoding="utf-8") as fh:
+            fh.write("\n".join(self._buffer) + "\n")
+        self._buffer.clear()
+
+    def stats(self) -> dict:
+        by_class: dict = {}
+        by_source: dict = {}
+        for (cls, src), (rounds, drafted, accepted) in sorted(self._totals.items()):
+            by_class.setdefault(cls, {"rounds": 0, "drafted": 0, "accepted": 0})
+            by_class[cls]["rounds"] += rounds
+            by_class[cls]["drafted"] += drafted
+            by_class[cls]["accepted"] += accepted
+            by_source[f"{cls}/{src}"] = {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+                                          "alpha": self.acceptance.alpha(cls, src)}
+        return {
+            "steps": self.steps,
+            "rows": self.rows_seen,
+            "errors": self.errors,
+            "rebuilds": self.rebuilds,
+            "dropped": self.dropped,
+            "proposer_s": self.proposer_s,
+            "us_per_row": 1e6 * self.proposer_s / self.rows_seen if self.rows_seen else 0.0,
+            "by_class": by_class,
+            "by_source": by_source,
+        }
+
+    def reset(self) -> None:
+        """Forget counters and records (the learned acceptance stays)."""
+        self.flush()
+        self.records.clear()
+        self._totals.clear()
+        self.steps = self.rows_seen = self.errors = self.rebuilds = self.dropped = 0
+        self.proposer_s = 0.0

@@ -1,0 +1,391 @@
+"""Estimators of the Draft Law's constants from what the engine measures.
+
+Acceptance model: inside a round of `drafted` = gamma tokens, each position is accepted with
+probability 1 - eps independently until the first rejection, so the accepted count A is
+truncated-geometric: P(A = a) = (1 - eps)^a eps for a < gamma and (1 - eps)^gamma for a = gamma.
+The likelihood of a set of rounds of one class is (1 - eps)^A_tot eps^N_rej, with A_tot the
+accepted tokens and N_rej the rounds that ended in a rejection: every estimator below works on
+these two sufficient statistics per class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from agentspec_sdk.errors import LawInputError
+from agentspec_sdk.law.closed_forms import tau
+
+Z95 = 1.959963984540054
+CHI2_95_HALF = 1.920729410347062  # chi-square(1) 95% quantile / 2: likelihood-ratio interval drop
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One speculation round of one row: the law class where drafting started, what drafted it
+    (forced / lookup / model / ngram ...), how many tokens were drafted and how many accepted."""
+
+    law_class: str
+    source: str
+    drafted: int
+    accepted: int
+
+    def __post_init__(self) -> None:
+        if self.drafted < 0 or self.accepted < 0 or self.accepted > self.drafted:
+            raise LawInputError(
+                f"round record needs 0 <= accepted <= drafted, got accepted={self.accepted}, "
+                f"drafted={self.drafted} ({self.law_class}/{self.source})")
+
+    @property
+    def rejected(self) -> bool:
+        return self.accepted < self.drafted
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> RoundRecord:
+        try:
+            return cls(str(data["law_class"]), str(data["source"]), int(data["drafted"]), int(data["accepted"]))
+        except KeyError as missing:
+            raise LawInputError(f"round record lacks field {missing}: {dict(data)}") from None
+
+
+@dataclass(frozen=True)
+class Counts:
+    rounds: int
+    drafted: int
+    accepted: int
+    rejections: int
+
+
+def counts_by(records: Iterable[RoundRecord], key=lambda r: r.law_class) -> dict:
+    """Sufficient statistics per key (rounds with drafted = 0 carry no information and are skipped)."""
+    table: dict = {}
+    for r in records:
+        if r.drafted == 0:
+            continue
+        n, dr, ac, rj = table.get(key(r), (0, 0, 0, 0))
+        table[key(r)] = (n + 1, dr + r.drafted, ac + r.accepted, rj + (1 if r.rejected else 0))
+    return {k: Counts(*v) for k, v in table.items()}
+
+
+# ---------------------------------------------------------------- per-class acceptance
+
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denom = 1.0 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class ClassAcceptance:
+    """Per-position acceptance alpha = 1 - eps of one class: maximum likelihood A/(A + N) with a
+    95% Wilson score interval over the A + N observed positions (accepted positions and the
+    positions that rejected; positions after a rejection are not observed). `mean_accepted` is the
+    raw mean accepted prefix per round at the drafted lengths actually used."""
+
+    law_class: str
+    alpha: float
+    ci_low: float
+    ci_high: float
+    rounds: int
+    drafted: int
+    accepted: int
+    rejections: int
+    mean_accepted: float
+    mean_drafted: float
+
+    def tau_at(self, gamma: int) -> tuple[float, float, float]:
+        """Expected accepted prefix at `gamma` implied by alpha, with its interval."""
+        return (float(tau(gamma, 1 - self.alpha)), float(tau(gamma, 1 - self.ci_low)),
+                float(tau(gamma, 1 - self.ci_high)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def acceptance_by_class(records: Iterable[RoundRecord], key=lambda r: r.law_class) -> dict:
+    """ClassAcceptance per law class (or per any `key` of the records, e.g. (class, source))."""
+    out = {}
+    for k, c in counts_by(records, key).items():
+        trials = c.accepted + c.rejections
+        alpha = c.accepted / trials if trials else 1.0
+        lo, hi = wilson_interval(c.accepted, trials)
+        out[k] = ClassAcceptance(k if isinstance(k, str) else "/".join(map(str, k)), alpha, lo, hi,
+                                 c.rounds, c.drafted, c.accepted, c.rejections,
+                                 c.accepted / c.rounds, c.drafted / c.rounds)
+    return out
+
+
+# ---------------------------------------------------------------- kappa
+
+@dataclass(frozen=True)
+class KappaFit:
+    """Maximum-likelihood kappa given rho per class, with a 95% profile-likelihood interval
+    (log-likelihood within chi2_1(0.95)/2 of the maximum) and the observed-information SE."""
+
+    kappa: float
+    ci_low: float
+    ci_high: float
+    se: float
+    log_likelihood: float
+    rounds: int
+    classes: tuple[str, ...]
+    kappa_max: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _kappa_loglik(kappa: np.ndarray, x: np.ndarray, acc: np.ndarray, rej: np.ndarray) -> np.ndarray:
+    """Sum_c A_c log(1 - kappa x_c) + N_c log(kappa x_c), over an array of kappa values."""
+    k = np.asarray(kappa, dtype=float)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = k * x
+        ll = np.where(acc > 0, acc * np.log1p(-np.minimum(eps, 1.0)), 0.0)
+        ll = ll + np.where(rej > 0, rej * np.log(eps), 0.0)
+    return ll.sum(axis=-1)
+
+
+def _score(kappa: float, x, acc, rej) -> float:
+    eps = kappa * x
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.sum(rej / kappa - acc * x / (1.0 - eps)))
+
+
+def fit_kappa(records: Iterable[RoundRecord], rho: Mapping[str, float]) -> KappaFit:
+    """Fit kappa in eps_c = kappa (1 - rho_c) by maximum likelihood over all rounds."""
+    counts = counts_by(records)
+    missing = sorted(set(counts) - set(rho))
+    if missing:
+        raise LawInputError(f"no rho given for law class(es) {missing}")
+    for c, r in rho.items():
+        if not 0.0 < r <= 1.0:
+            raise LawInputError(f"rho_{c} must be in (0, 1], got {r}")
+    classes = tuple(sorted(c for c in counts if rho[c] < 1.0))
+    bad = [c for c in counts if rho[c] == 1.0 and counts[c].rejections > 0]
+    if bad:
+        raise LawInputError(f"class(es) {bad} have rho = 1 (no mismatch possible) but show rejections")
+    if not classes:
+        raise LawInputError("no rounds with drafted > 0 in a class with rho < 1: kappa is not identifiable")
+    x = np.array([1.0 - rho[c] for c in classes])
+    acc = np.array([counts[c].accepted for c in classes], dtype=float)
+    rej = np.array([counts[c].rejections for c in classes], dtype=float)
+    rounds = int(sum(counts[c].rounds for c in classes))
+    kappa_max = float(1.0 / x.max())
+
+    # The log-likelihood is concave in kappa: bisect on the score.
+    if rej.sum() == 0:
+        k_hat = 0.0
+    elif acc.sum() == 0:
+        k_hat = kappa_max
+    else:
+        lo, hi = 0.0, kappa_max
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if _score(mid, x, acc, rej) > 0:
+                lo = mid
+            else:
+                hi = mid
+        k_hat = 0.5 * (lo + hi)
+    ll_hat = float(_kappa_loglik(k_hat, x, acc, rej))
+
+    def crossing(a: float, b: float) -> float:
+        """The point between a (inside) and b (outside) where the LR drop reaches its limit."""
+        if float(_kappa_loglik(b, x, acc, rej)) >= ll_hat - CHI2_95_HALF:
+            return b
+        for _ in range(200):
+            mid = 0.5 * (a + b)
+            if float(_kappa_loglik(mid, x, acc, rej)) >= ll_hat - CHI2_95_HALF:
+                a = mid
+            else:
+                b = mid
+        return 0.5 * (a + b)
+
+    ci_low, ci_high = crossing(k_hat, 0.0), crossing(k_hat, kappa_max)
+    if 0.0 < k_hat < kappa_max:
+        eps = k_hat * x
+        info = float(np.sum(rej / k_hat**2 + acc * x**2 / (1.0 - eps) ** 2))
+        se = 1.0 / math.sqrt(info)
+    else:
+        se = math.nan
+    return KappaFit(k_hat, ci_low, ci_high, se, ll_hat, rounds, classes, kappa_max)
+
+
+# ---------------------------------------------------------------- predictability
+
+def entropy_from_logprobs(logprobs) -> np.ndarray:
+    """Next-token entropy in nats per position from rows of log-probabilities (shape (n, k)).
+    Rows that hold only the top-k logprobs are renormalised over those k tokens, which
+    under-states the entropy of the truncated tail."""
+    lp = np.asarray(logprobs, dtype=float)
+    if lp.ndim == 1:
+        lp = lp[None, :]
+    lp = np.where(np.isfinite(lp), lp, -np.inf)
+    norm = lp - np.logaddexp.reduce(lp, axis=-1, keepdims=True)
+    p = np.exp(norm)
+    return -np.sum(p * np.where(p > 0, norm, 0.0), axis=-1)
+
+
+def rho_from_entropies(entropies: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """rho_c = exp(-mean H_c) from measured per-position entropies (nats) of each class."""
+    out = {}
+    for c, h in entropies.items():
+        arr = np.asarray(h, dtype=float)
+        if arr.size == 0:
+            raise LawInputError(f"no entropy measurements for class {c}")
+        if np.any(arr < -1e-9) or not np.all(np.isfinite(arr)):
+            raise LawInputError(f"entropies of class {c} must be finite and >= 0 nats")
+        out[c] = float(math.exp(-max(float(arr.mean()), 0.0)))
+    return out
+
+
+# ---------------------------------------------------------------- costs
+
+@dataclass(frozen=True)
+class CostFit:
+    """Least-squares fit of step time t = c_T [1 + delta (n_verified - n_rows) + d n_drafted]
+    (+ c_row (n_rows - 1) when rows vary). Standard errors by the delta method."""
+
+    c_t: float
+    delta: float
+    d: float
+    c_t_se: float
+    delta_se: float
+    d_se: float
+    row_cost: float | None
+    r2: float
+    residual_sd: float
+    steps: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_costs(step_times, n_verified, n_drafted, n_rows=None) -> CostFit:
+    """Fit c_T, delta and d from per-step wall times.
+
+    n_verified: tokens the target scored in the step (gamma + 1 per speculating row);
+    n_drafted: tokens the drafter paid to produce (for a model-free drafter, use its cost units);
+    n_rows: rows in the step (1 if omitted). delta and d are only separable when n_drafted is not
+    a fixed function of n_verified - n_rows (e.g. some verified tokens were forced, not drafted).
+    """
+    t = np.asarray(step_times, dtype=float)
+    v = np.asarray(n_verified, dtype=float)
+    dr = np.asarray(n_drafted, dtype=float)
+    rows = np.ones_like(t) if n_rows is None else np.asarray(n_rows, dtype=float)
+    if not (t.shape == v.shape == dr.shape == rows.shape) or t.ndim != 1:
+        raise LawInputError(f"step_times, n_verified, n_drafted, n_rows must be 1-D of equal length, "
+                            f"got shapes {t.shape}, {v.shape}, {dr.shape}, {rows.shape}")
+    if np.any(t <= 0) or np.any(v < rows) or np.any(dr < 0) or np.any(rows < 1):
+        raise LawInputError("need step_times > 0, n_rows >= 1, n_verified >= n_rows, n_drafted >= 0")
+    columns = [np.ones_like(t), v - rows, dr]
+    names = ["intercept", "n_verified - n_rows", "n_drafted"]
+    vary_rows = bool(np.ptp(rows) > 0)
+    if vary_rows:
+        columns.append(rows - 1.0)
+        names.append("n_rows - 1")
+    X = np.stack(columns, axis=1)
+    if len(t) <= X.shape[1]:
+        raise LawInputError(f"need more than {X.shape[1]} steps to fit costs, got {len(t)}")
+    rank = np.linalg.matrix_rank(X)
+    if rank < X.shape[1]:
+        raise LawInputError(
+            f"cost regressors {names} are collinear (rank {rank} < {X.shape[1]}): delta and d are not "
+            "separable; vary the drafted count independently of the verified count (forced drafts) "
+            "or measure the drafter's time separately")
+    beta, *_ = np.linalg.lstsq(X, t, rcond=None)
+    resid = t - X @ beta
+    dof = len(t) - X.shape[1]
+    sigma2 = float(resid @ resid) / dof
+    cov = sigma2 * np.linalg.inv(X.T @ X)
+    c_t = float(beta[0])
+    if c_t <= 0:
+        raise LawInputError(f"fitted target pass cost c_T = {c_t:.3g} <= 0: the timings do not fit the model")
+
+    def ratio_se(i: int) -> float:
+        # delta method for beta_i / beta_0
+        g = np.zeros(len(beta))
+        g[0] = -beta[i] / c_t**2
+        g[i] = 1.0 / c_t
+        return float(math.sqrt(max(g @ cov @ g, 0.0)))
+
+    total = float(((t - t.mean()) ** 2).sum())
+    return CostFit(
+        c_t=c_t, delta=float(beta[1] / c_t), d=float(beta[2] / c_t),
+        c_t_se=float(math.sqrt(cov[0, 0])), delta_se=ratio_se(1), d_se=ratio_se(2),
+        row_cost=float(beta[3] / c_t) if vary_rows else None,
+        r2=1.0 - float(resid @ resid) / total if total > 0 else 1.0,
+        residual_sd=math.sqrt(sigma2), steps=len(t),
+    )
+
+
+# ---------------------------------------------------------------- online
+
+class OnlineAcceptance:
+    """Per (class, source) acceptance for the decode-time allocator: a Beta posterior over the
+    per-position acceptance alpha whose counts decay by `decay` at every update of that key
+    (exponential forgetting, effective memory about 1 / (1 - decay) rounds). Keys without data
+    fall back to the class pooled over sources, then to the prior. O(1) per call."""
+
+    __slots__ = ("decay", "prior_strength", "prior", "_cells")
+
+    def __init__(self, prior: Mapping[str, float] | None = None, *, prior_strength: float = 4.0,
+                 decay: float = 0.98, default_alpha: float = 0.5):
+        if not 0.0 < decay <= 1.0:
+            raise LawInputError(f"decay must be in (0, 1], got {decay}")
+        if prior_strength <= 0:
+            raise LawInputError(f"prior_strength must be > 0, got {prior_strength}")
+        self.decay = decay
+        self.prior_strength = prior_strength
+        self.prior = {"": default_alpha, **(prior or {})}
+        for c, a in self.prior.items():
+            if not 0.0 <= a <= 1.0:
+                raise LawInputError(f"prior alpha of class {c!r} must be in [0, 1], got {a}")
+        self._cells: dict = {}  # key -> [accepted, rejections] (decayed)
+
+    @classmethod
+    def from_law(cls, kappa: float, rho: Mapping[str, float], **kwargs) -> OnlineAcceptance:
+        """Prior alpha_c = 1 - kappa (1 - rho_c)."""
+        return cls({c: min(1.0, max(0.0, 1.0 - kappa * (1.0 - r))) for c, r in rho.items()}, **kwargs)
+
+    def _bump(self, key, accepted: int, rejected: int) -> None:
+        cell = self._cells.get(key)
+        if cell is None:
+            self._cells[key] = [float(accepted), float(rejected)]
+        else:
+            cell[0] = cell[0] * self.decay + accepted
+            cell[1] = cell[1] * self.decay + rejected
+
+    def update(self, cls: str, source: str, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        if not 0 <= accepted <= drafted:
+            raise LawInputError(f"accepted={accepted} outside [0, drafted={drafted}] for {cls}/{source}")
+        rejected = 1 if accepted < drafted else 0
+        self._bump((cls, source), accepted, rejected)
+        self._bump((cls, None), accepted, rejected)
+
+    def alpha(self, cls: str, source: str | None = None) -> float:
+        """Posterior mean per-position acceptance of (cls, source)."""
+        prior = self.prior.get(cls, self.prior[""])
+        a0 = prior * self.prior_strength
+        b0 = self.prior_strength - a0
+        cell = self._cells.get((cls, source)) or self._cells.get((cls, None))
+        if cell is None:
+            return prior
+        return (cell[0] + a0) / (cell[0] + cell[1] + a0 + b0)
+
+    def tau(self, cls: str, source: str | None, gamma) -> float:
+        return tau(gamma, 1.0 - self.alpha(cls, source))
+
+    def snapshot(self) -> dict:
+        return {f"{c}/{s if s is not None else '*'}": self.alpha(c, s) for (c, s) in self._cells}

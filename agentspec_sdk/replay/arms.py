@@ -1,0 +1,132 @@
+"""The four arms of the protocol as episodes, and the speculation modes as engine settings.
+
+A  free prose: passages of the CPython reference (the stdlib's `pydoc_data.topics`, the text
+   `help()` shows), explained in plain words; no grammar; format `prose` (one F segment).
+B  schema tool calls: BFCL simple_python and multiple questions with their functions; per-turn
+   grammar; temperature 0; one assistant turn.
+C  long chain reasoning: BFCL simple_python questions that ask for a calculation, solved step by
+   step in prose without tools (format tool_calls, reasoning segment = class R); no grammar.
+D  agent replay: the recorded BFCL multi-turn traces (mixed S / R / F).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agentspec_sdk.errors import TraceError
+from agentspec_sdk.replay import bfcl
+from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, load_traces
+from agentspec_sdk.structure.formats import AgentFormat, LawClass, SegmentKind, register_format
+
+PROSE = AgentFormat(name="prose", description="Answer in plain prose.", initial="prose",
+                    kinds=(SegmentKind("prose", LawClass.F, "model"),), turn_end=("<|im_end|>",))
+
+MODES = {
+    "off": {"speculation": "off"},
+    "ngram": {"speculation": "ngram"},
+    "structure": {"speculation": "structure"},
+    "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
+    "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
+}
+ARMS = ("A", "B", "C", "D")
+_CALC = re.compile(r"\b(calculate|compute|how many|how much|what is the|find the)\b", re.I)
+
+
+@dataclass
+class Arm:
+    name: str
+    episodes: list[Episode]
+    grammar: str | None  # None = the per-turn grammar; "" = none
+    max_tokens: int
+    max_steps: int | None  # None = as recorded
+    max_segments: int | None = None  # user messages replayed per episode (None = all)
+    tool_choice: str | None = None  # None: the agent policy (loop.tool_choice_policy); "call": one call
+
+
+def ensure_prose_format() -> AgentFormat:
+    return register_format(PROSE, replace_existing=True)
+
+
+def _single(ep_id: str, source: dict, system: str, user: str, fmt: str, tools: list[dict]) -> Episode:
+    return Episode(id=ep_id, source=source, system=system, tools=tools, format=fmt, turns=[Turn("user", user)])
+
+
+def arm_a(n: int, max_chars: int = 900) -> list[Episode]:
+    import pydoc_data.topics as topics
+
+    ensure_prose_format()
+    keys = sorted(topics.topics)
+    if n > len(keys):
+        raise TraceError(f"arm A has {len(keys)} passages, asked for {n}")
+    step = max(1, len(keys) // n)
+    out = []
+    for key in keys[::step][:n]:
+        passage = topics.topics[key].strip()[:max_chars]
+        out.append(_single(f"A/{key}", {"name": "pydoc_data.topics", "topic": key, "license": "PSF-2.0"},
+                           "You are a helpful assistant who explains technical text in plain words.",
+                           f"Explain this passage from the Python documentation in your own words:\n\n{passage}",
+                           PROSE.name, []))
+    return out
+
+
+def _multi_turn_tool_names() -> set[str]:
+    return {doc["name"] for cls in bfcl.CLASS_DOCS for doc in bfcl.class_docs(cls)}
+
+
+def arm_b(n: int) -> list[Episode]:
+    """The engine keeps one schema per tool name, so entries whose functions reuse a name with
+    another schema (within the arm, or a multi-turn tool of arm D) are skipped."""
+    simple, multiple = bfcl.read_jsonl("BFCL_v4_simple_python.json"), bfcl.read_jsonl("BFCL_v4_multiple.json")
+    entries = [e for pair in zip(simple, multiple, strict=False) for e in pair]  # alternate the two files
+    taken = dict.fromkeys(_multi_turn_tool_names())
+    out = []
+    for e in entries:
+        if len(out) >= n:
+            break
+        tools = [bfcl.openai_tool(f) for f in e["function"]]
+        if any(t["function"]["name"] in taken and taken[t["function"]["name"]] != t["function"]["parameters"]
+               for t in tools):
+            continue
+        taken.update({t["function"]["name"]: t["function"]["parameters"] for t in tools})
+        question = "\n".join(m["content"] for m in e["question"][0] if m["role"] == "user")
+        out.append(_single(f"B/{e['id']}", {"name": "bfcl", "entry_id": e["id"], "license": bfcl.LICENSE},
+                           bfcl.system_prompt(tools), question, "tool_calls", tools))
+    return out
+
+
+def arm_c(n: int) -> list[Episode]:
+    entries = [e for e in bfcl.read_jsonl("BFCL_v4_simple_python.json")
+               if _CALC.search(e["question"][0][0]["content"])]
+    out = []
+    for e in entries[:n]:
+        out.append(_single(f"C/{e['id']}", {"name": "bfcl", "entry_id": e["id"], "license": bfcl.LICENSE},
+                           "Solve the problem by reasoning step by step: write out every step and every "
+                           "intermediate calculation, then state the final answer.",
+                           e["question"][0][0]["content"], "tool_calls", []))
+    return out
+
+
+def arm_d(n: int | None = None, path=None) -> list[Episode]:
+    return load_traces(path or bundled_traces(), limit=n)
+
+
+def build_arm(name: str, n: int, *, max_tokens: int, trace_path=None, max_segments: int | None = None) -> Arm:
+    if name == "A":
+        return Arm("A", arm_a(n), "", max_tokens, 1)
+    if name == "B":
+        return Arm("B", arm_b(n), None, max_tokens, 1, tool_choice="call")
+    if name == "C":
+        return Arm("C", arm_c(n), "", max_tokens, 1)
+    if name == "D":
+        return Arm("D", arm_d(n, trace_path), None, max_tokens, None, max_segments)
+    raise TraceError(f"unknown arm {name!r}; arms are {list(ARMS)}")
+
+
+def engine_kwargs(mode: str, gamma: int) -> dict:
+    if mode not in MODES:
+        raise TraceError(f"unknown mode {mode!r}; modes are {list(MODES)}")
+    kw = dict(MODES[mode])
+    if kw["speculation"] != "off":
+        kw["gamma_max"] = gamma
+    return kw

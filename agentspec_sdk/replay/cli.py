@@ -1,0 +1,248 @@
+"""`agentspec demo`, `agentspec bench`, `agentspec record`, `agentspec replay` (typer commands; the
+main CLI registers these functions). vLLM is imported only when an engine is built."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentspec_sdk.errors import AgentSpecError
+
+OUT = Annotated[Path, typer.Option("--out", help="folder for report.json, report.md and the plots")]
+MODEL = Annotated[str | None, typer.Option("--model", help="HF folder or id (default: the bundled SmolLM2-135M)")]
+SEED = Annotated[int, typer.Option("--seed", help="engine seed")]
+EAGER = Annotated[bool, typer.Option("--eager/--compile", help="skip torch.compile (engine start ~15 s instead of ~90 s "
+                                                            "on 2 CPU cores; same setting for every mode)")]
+
+
+def _csv(text: str, kind=str) -> list:
+    try:
+        return [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected a comma-separated list of {kind.__name__}, got {text!r}") from None
+
+
+def _fail(err: Exception) -> typer.Exit:
+    typer.echo(f"Error: {err}", err=True)
+    return typer.Exit(2)
+
+
+class _Progress:
+    """A tqdm bar over assistant turns plus status lines, safe to update from agent threads."""
+
+    def __init__(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="turn", file=sys.stderr, dynamic_ncols=True)
+        self.lock = threading.Lock()
+
+    def turn(self, _log) -> None:
+        with self.lock:
+            self.bar.update(1)
+
+    def status(self, text: str) -> None:
+        with self.lock:
+            self.bar.set_postfix_str(text)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _table(report: dict) -> str:
+    from agentspec_sdk.replay.report import markdown
+
+    return markdown(report)
+
+
+def quiet_vllm() -> None:
+    """vLLM's INFO/WARNING lines would bury the progress bar; AGENTSPEC_VERBOSE=1 keeps them."""
+    import os
+
+    if not os.environ.get("AGENTSPEC_VERBOSE"):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+
+def _execute(plan, out: Path, desc: str) -> dict:
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+
+    quiet_vllm()
+    from agentspec_sdk.replay.runner import run_plan
+
+    tokenizer = load_tokenizer(plan.model)
+    progress = _Progress(plan.expected_turns(), desc)
+    try:
+        report = run_plan(plan, out, tokenizer=tokenizer, on_turn=progress.turn, on_status=progress.status)
+    except KeyboardInterrupt:
+        progress.close()
+        typer.echo(f"\nInterrupted: partial report in {out / 'report.json'}", err=True)
+        raise typer.Exit(130) from None
+    progress.close()
+    typer.echo(_table(report))
+    typer.echo(f"Report: {out / 'report.json'}, {out / 'report.md'}")
+    return report
+
+
+def demo(out: OUT = Path("agentspec-demo"),
+         quick: Annotated[bool, typer.Option("--quick", help="fewer episodes and turns, shorter outputs (≈2 min)")] = False,
+         episodes: Annotated[int | None, typer.Option("--episodes", help="bundled episodes to replay")] = None,
+         batch: Annotated[int, typer.Option("--batch", help="agents in flight")] = 8,
+         gamma: Annotated[int, typer.Option("--gamma", help="draft length cap")] = 8,
+         modes: Annotated[str | None, typer.Option("--modes", help="comma list of off,ngram,structure,...")] = None,
+         max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="tokens per assistant turn")] = None,
+         traces: Annotated[Path | None, typer.Option("--traces", help="trace file (default: bundled)")] = None,
+         eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+    """Replay the bundled BFCL agent traces with speculation off / structure / ngram and report."""
+    from agentspec_sdk.replay.arms import build_arm
+    from agentspec_sdk.replay.runner import EngineConfig, Plan
+
+    try:
+        mode_list = _csv(modes) if modes else (["off", "structure"] if quick else ["off", "structure", "ngram"])
+        arm = build_arm("D", episodes or (4 if quick else 8), max_tokens=max_tokens or (64 if quick else 128),
+                        trace_path=traces, max_segments=1 if quick else 2)
+        plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=[arm], batches=[batch],
+                    primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
+                    meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
+        _execute(plan, out, "demo")
+    except AgentSpecError as err:
+        raise _fail(err) from None
+
+
+def bench(out: OUT = Path("agentspec-bench"),
+          arms: Annotated[str, typer.Option("--arms", help="comma list of A,B,C,D")] = "A,B,C,D",
+          modes: Annotated[str, typer.Option("--modes")] =
+          "off,ngram,structure,structure-no-budget,structure-no-isolation",
+          gammas: Annotated[str, typer.Option("--gammas", help="draft lengths swept")] = "4,8,16",
+          batches: Annotated[str, typer.Option("--batches", help="agents in flight")] = "1,8",
+          n: Annotated[int, typer.Option("--n", help="prompts (episodes) per arm")] = 8,
+          max_tokens: Annotated[int, typer.Option("--max-tokens")] = 128,
+          max_segments: Annotated[int | None, typer.Option("--max-segments", help="user turns per arm-D episode")] = 2,
+          prefix_check: Annotated[bool, typer.Option("--prefix-check/--no-prefix-check",
+                                                     help="R3: also run off/structure without prefix caching")] = True,
+          primary_gamma: Annotated[int, typer.Option("--primary-gamma")] = 8,
+          eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+    """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
+    from agentspec_sdk.replay.arms import MODES, build_arm
+    from agentspec_sdk.replay.runner import EngineConfig, Plan
+
+    try:
+        mode_list, gamma_list, batch_list = _csv(modes), _csv(gammas, int), _csv(batches, int)
+        for m in mode_list:
+            if m not in MODES:
+                raise typer.BadParameter(f"unknown mode {m!r}; modes are {list(MODES)}")
+        if primary_gamma not in gamma_list:
+            primary_gamma = gamma_list[len(gamma_list) // 2]
+        configs = []
+        for m in mode_list:
+            for g in ([primary_gamma] if m == "off" else gamma_list):
+                configs.append(EngineConfig(m, g))
+        if prefix_check:
+            configs += [EngineConfig(m, primary_gamma, prefix_cache=False) for m in ("off", "structure")]
+        arm_list = [build_arm(a, n, max_tokens=max_tokens, max_segments=max_segments) for a in _csv(arms)]
+        plan = Plan(configs=configs, arms=arm_list, batches=batch_list,
+                    primary={"batch": max(batch_list), "gamma": primary_gamma}, model=model, seed=seed,
+                    enforce_eager=eager,
+                    meta={"command": "bench", "sources": {
+                        "A": "CPython reference text, stdlib pydoc_data.topics",
+                        "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",
+                        "C": "bfcl-eval BFCL_v4_simple_python calculation questions, solved step by step",
+                        "D": "bundled BFCL multi-turn traces (recorded with agentspec record)"}})
+        report = _execute(plan, out, "bench")
+        _headline(report)
+    except AgentSpecError as err:
+        raise _fail(err) from None
+
+
+def _headline(report: dict) -> None:
+    runs = report.get("runs", [])
+    b = report["primary"]["batch"]
+    g = report["primary"]["gamma"]
+
+    def rate(arm, mode, gamma=None):
+        rs = [r for r in runs if r["arm"] == arm and r["mode"] == mode and r["batch"] == b and r["prefix_cache"]
+              and (gamma is None or r["gamma"] == gamma)]
+        return max((r["decode_tok_s"] or 0.0 for r in rs), default=0.0)
+
+    off_d, st_d, ng_d = rate("D", "off"), rate("D", "structure", g), rate("D", "ngram")
+    if off_d and st_d:
+        typer.echo(f"Arm D, b={b}: structure {st_d / off_d:.2f}× off decode tok/s (goal ≥ 1.8×)")
+    if ng_d and st_d:
+        typer.echo(f"Arm D, b={b}: structure {st_d / ng_d:.2f}× best ngram (goal ≥ 1.5×)")
+    off_a, st_a = rate("A", "off"), rate("A", "structure", g)
+    if off_a and st_a:
+        typer.echo(f"Arm A, b={b}: structure (gated) {st_a / off_a:.2f}× off (goal ≥ 0.98×)")
+    for v in report.get("verdicts", []):
+        typer.echo(f"{v['name']}: {v['status']} — {v['text']}")
+
+
+def record(source: Annotated[str, typer.Option("--source", help="trace source")] = "bfcl-multi-turn",
+           n: Annotated[int, typer.Option("--n", help="episodes")] = 12,
+           out: Annotated[Path, typer.Option("--out", help="JSONL trace file to write")] = Path("traces.jsonl"),
+           category: Annotated[str, typer.Option("--category", help="BFCL multi-turn category")] = "base",
+           max_segments: Annotated[int, typer.Option("--max-segments", help="user turns per episode")] = 3,
+           max_steps: Annotated[int, typer.Option("--max-steps", help="assistant turns per user turn")] = 3,
+           max_tokens: Annotated[int, typer.Option("--max-tokens")] = 128,
+           concurrency: Annotated[int, typer.Option("--concurrency")] = 8,
+           speculation: Annotated[str, typer.Option("--speculation", help="engine mode while recording")] = "off",
+           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+    """Record agent traces: the model runs the agent loop, tools are executed for real."""
+    from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
+    from agentspec_sdk.backends.vllm_engine import Engine
+    from agentspec_sdk.replay.record import record as record_traces
+    from agentspec_sdk.replay.trace import dump_traces
+
+    quiet_vllm()
+    try:
+        tokenizer = load_tokenizer(model)
+        engine = Engine(model=model, speculation=speculation, seed=seed, enforce_eager=eager)
+        progress = _Progress(n * max_segments * max_steps, "record")  # at most
+        try:
+            episodes = record_traces(engine, source=source, n=n, category=category, max_segments=max_segments,
+                                     max_steps=max_steps, max_tokens=max_tokens, concurrency=concurrency,
+                                     tokenizer=tokenizer, on_turn=progress.turn,
+                                     model_name=Path(resolve_model(model)).name)
+        finally:
+            progress.close()
+            engine.close()
+        dump_traces(episodes, out)
+        turns = sum(len(ep.turns) for ep in episodes)
+        typer.echo(f"Wrote {len(episodes)} episodes ({turns} turns) to {out}")
+    except AgentSpecError as err:
+        raise _fail(err) from None
+
+
+def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
+           out: OUT = Path("agentspec-replay"),
+           modes: Annotated[str, typer.Option("--modes")] = "off,structure",
+           gamma: Annotated[int, typer.Option("--gamma")] = 8,
+           batch: Annotated[int, typer.Option("--batch")] = 8,
+           n: Annotated[int | None, typer.Option("--n", help="episodes (default: all)")] = None,
+           max_tokens: Annotated[int, typer.Option("--max-tokens")] = 160,
+           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+    """Replay a trace file with the given speculation modes and report."""
+    from agentspec_sdk.replay.arms import build_arm
+    from agentspec_sdk.replay.runner import EngineConfig, Plan
+
+    try:
+        arm = build_arm("D", n, max_tokens=max_tokens, trace_path=traces)
+        plan = Plan(configs=[EngineConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
+                    primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
+                    meta={"command": "replay", "traces": str(traces)})
+        _execute(plan, out, "replay")
+    except AgentSpecError as err:
+        raise _fail(err) from None
+
+
+def app() -> typer.Typer:
+    """These four commands alone (the main `agentspec` CLI registers the same functions)."""
+    application = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    for fn in (demo, bench, record, replay):
+        application.command(fn.__name__)(fn)
+    return application
+
+
+if __name__ == "__main__":
+    app()()

@@ -1,0 +1,239 @@
+"""The agent loop shared by the recorder and the replayer.
+
+Per user message the agent generates assistant turns under its per-turn grammar; every tool call
+it writes is answered by an `Observer` (the real tool when recording, the trace when replaying),
+with the agent marked idle on the engine while the tool "runs".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from agentspec_sdk.replay.trace import Episode, Turn
+
+
+@dataclass
+class Observation:
+    result: str
+    latency_s: float
+    match: str  # exact | name | executed | missing | real
+
+
+class Observer(Protocol):
+    def __call__(self, name: str, arguments: dict, segment: int) -> Observation: ...
+
+
+@dataclass
+class TurnLog:
+    """What one assistant turn cost and drafted; the unit the report aggregates."""
+
+    episode: str
+    segment: int
+    step: int
+    text: str
+    output_tokens: int
+    prompt_tokens: int
+    tokens_by_class: dict[str, int]
+    acceptance: dict[str, dict[str, int]]
+    records: list[dict]
+    timings: dict[str, float]
+    finish_reason: str | None
+    error: str | None
+    tool_calls: list[dict] = field(default_factory=list)
+    matches: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_hash: str = ""
+    spec: dict | None = None  # vLLM's per-request spec-decode counters (ngram has no per-class records)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tool_message(result: str) -> dict:
+    """The engine wraps tool messages in the format's environment markers (<tool_response>...)."""
+    return {"role": "tool", "content": result}
+
+
+def parse_calls(fmt: str, text: str) -> list[dict]:
+    """Tool calls of a turn as [{"name", "arguments"}] via structure.parse_turn; a call cut off by
+    max_tokens (malformed JSON) is not executed."""
+    from agentspec_sdk.structure.turns import TurnParseError, parse_turn
+
+    try:
+        parsed = parse_turn(fmt, text)
+    except TurnParseError:
+        return []
+    calls = []
+    for call in getattr(parsed, "tool_calls", []) or []:
+        name = call["name"] if isinstance(call, dict) else call.name
+        args = call.get("arguments", {}) if isinstance(call, dict) else call.arguments
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                args = {}
+        calls.append({"name": name, "arguments": args if isinstance(args, dict) else {}})
+    return calls
+
+
+class TokenClassifier:
+    """Assigns each output token to the law class of the span its first character falls in."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._lock = threading.Lock()
+        self._cache: dict[int, int] = {}
+
+    def _length(self, token_id: int) -> int:
+        with self._lock:
+            n = self._cache.get(token_id)
+            if n is None:
+                n = self._cache[token_id] = len(self.tokenizer.decode([token_id]))
+            return n
+
+    def counts(self, text: str, token_ids: list[int], spans: list[Any]) -> dict[str, int]:
+        out = {"S": 0, "R": 0, "F": 0}
+        if not token_ids:
+            return out
+        bounds = [(_get(s, "start"), _get(s, "end"), _law(s)) for s in spans]
+        pos = 0
+        last = bounds[-1][2] if bounds else "F"
+        for tid in token_ids:
+            cls = last
+            for start, end, law in bounds:
+                if start <= pos < end:
+                    cls = law
+                    break
+            out[cls] = out.get(cls, 0) + 1
+            pos = min(pos + self._length(tid), len(text))
+        return out
+
+
+def _hash(ids: Any) -> str:
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def _get(span: Any, key: str) -> Any:
+    return span[key] if isinstance(span, dict) else getattr(span, key)
+
+
+def _law(span: Any) -> str:
+    law = _get(span, "law_class")
+    return getattr(law, "value", law)
+
+
+def tool_choice_policy(step: int, steps: int) -> str:
+    """The agent policy of recording and replay, per user message: every assistant turn but the
+    last is one tool call written at once ("call"); the last may call a tool or answer ("auto").
+    A 135M model given a free "required" turn reasons for hundreds of tokens before it calls."""
+    return "call" if step < steps - 1 else "auto"
+
+
+def call_first_grammar(fmt: str, tools: list[dict]) -> str:
+    """One tool call and nothing else: the format's call markers around `tool_call_grammar`."""
+    import re
+
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.tools import ToolRegistry
+    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+
+    kind = get_format(fmt).kind("tool_call")
+    body = tool_call_grammar(ToolRegistry(list(tools)))
+    head = re.match(r"start:\s*(.+)\n", body)
+    if head is None:
+        raise ValueError("tool_call_grammar returned no start rule")
+    return (f"start: {json.dumps(kind.open[0])} ({head.group(1)}) {json.dumps(kind.close[0])}\n"
+            + body[head.end():])
+
+
+class GrammarCache:
+    """Per-turn grammar text for (format, tools, tool_choice), built once per episode."""
+
+    def __init__(self):
+        self._cache: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, episode: Episode, choice: str) -> str | None:
+        if not episode.tools:
+            return None
+        key = (episode.id, episode.format, choice)
+        with self._lock:
+            if key not in self._cache:
+                from agentspec_sdk.structure.tools import ToolRegistry
+                from agentspec_sdk.structure.turn_grammar import turn_grammar
+
+                self._cache[key] = (call_first_grammar(episode.format, episode.tools) if choice == "call" else
+                                    turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
+                                                 tool_choice=choice))
+            return self._cache[key]
+
+
+_GRAMMARS = GrammarCache()
+
+
+def make_request(**fields: Any) -> Any:
+    from agentspec_sdk.backends.vllm_engine import TurnRequest
+
+    return TurnRequest(**fields)
+
+
+def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier: TokenClassifier,
+                max_tokens: int, max_steps: Callable[[int], int], max_segments: int | None = None,
+                latency_scale: float = 1.0, sleep: bool = True, on_turn: Callable[[TurnLog], None] | None = None,
+                temperature: float = 0.0, grammar: str | None = None,
+                tool_choice: str | None = None) -> tuple[list[TurnLog], list[Turn]]:
+    """Run one episode: returns the per-turn logs and the turns as this run produced them."""
+    messages: list[dict] = [{"role": "system", "content": episode.system}]
+    produced: list[Turn] = []
+    logs: list[TurnLog] = []
+    agent = episode.id
+    users = [t for t in episode.turns if t.role == "user"]
+    if max_segments is not None:
+        users = users[:max_segments]
+    for seg, user in enumerate(users):
+        messages.append({"role": "user", "content": user.content})
+        produced.append(Turn("user", user.content))
+        steps = max(1, max_steps(seg))
+        for step in range(steps):
+            choice = tool_choice or tool_choice_policy(step, steps)
+            step_grammar = grammar if grammar is not None else _GRAMMARS.get(episode, choice)
+            req = make_request(messages=list(messages), fmt=episode.format, tools=episode.tools,
+                              grammar=step_grammar, max_tokens=max_tokens, temperature=temperature,
+                              request_id=f"{agent}/{seg}/{step}", agent_id=agent)
+            res = engine.submit(req).result()
+            calls = parse_calls(episode.format, res.text) if res.error is None else []
+            log = TurnLog(
+                episode=agent, segment=seg, step=step, text=res.text, output_tokens=len(res.token_ids),
+                prompt_tokens=len(res.prompt_token_ids or []),
+                tokens_by_class=classifier.counts(res.text, list(res.token_ids), list(res.spans or [])),
+                acceptance={k: dict(v) for k, v in (res.acceptance or {}).items()},
+                records=[dict(r) if isinstance(r, dict) else asdict(r) for r in (res.records or [])],
+                timings=dict(res.timings or {}), finish_reason=res.finish_reason, error=res.error,
+                tool_calls=calls, token_ids=list(res.token_ids),
+                prompt_hash=_hash(res.prompt_token_ids or []), spec=getattr(res, "spec", None))
+            messages.append({"role": "assistant", "content": res.text})
+            produced.append(Turn("assistant", res.text, tool_calls=calls))
+            for call in calls:
+                engine.mark_idle(agent)
+                try:
+                    obs = observe(call["name"], call["arguments"], seg)
+                    if sleep and obs.latency_s > 0:
+                        time.sleep(obs.latency_s * latency_scale)
+                finally:
+                    engine.mark_active(agent)
+                log.matches.append(obs.match)
+                messages.append(tool_message(obs.result))
+                produced.append(Turn("tool", obs.result, name=call["name"], arguments=call["arguments"],
+                                     latency_s=obs.latency_s))
+            logs.append(log)
+            if on_turn is not None:
+                on_turn(log)
+            if not calls:
+                break
+    return logs, produced

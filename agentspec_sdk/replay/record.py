@@ -1,0 +1,90 @@
+"""Record agent traces: a real agent loop on the engine, tools executed for real.
+
+Source `bfcl-multi-turn`: BFCL v4 multi-turn entries; each entry's executable tool classes are
+loaded with its initial_config, the model writes every assistant turn under the per-turn grammar,
+each tool call runs against the live classes and its result and wall time are recorded.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agentspec_sdk.errors import TraceError
+from agentspec_sdk.replay import bfcl
+from agentspec_sdk.replay.loop import Observation, TokenClassifier, TurnLog, run_episode
+from agentspec_sdk.replay.trace import Episode, Turn
+
+SOURCES = ("bfcl-multi-turn",)
+FORMAT = "tool_calls"
+
+
+def pick_entries(entries: list[dict], n: int, max_tools: int = 24) -> list[dict]:
+    """n entries with at most `max_tools` tools (prompt length), spreading over the distinct sets
+    of involved classes first (deterministic)."""
+    if n < 1:
+        raise TraceError(f"--n must be >= 1, got {n}")
+    groups: dict[tuple, list[dict]] = {}
+    for e in entries:
+        if len(bfcl.entry_tools(e)) <= max_tools:
+            groups.setdefault(tuple(sorted(e["involved_classes"])), []).append(e)
+    chosen: list[dict] = []
+    for round_ in range(max((len(g) for g in groups.values()), default=0)):
+        for group in groups.values():  # round-robin over the class sets, in data order
+            if round_ < len(group) and len(chosen) < n:
+                chosen.append(group[round_])
+    return chosen
+
+
+def bfcl_episode_stub(entry: dict, category: str, max_segments: int) -> Episode:
+    """The episode as the data gives it (user turns only), ready to be run."""
+    tools = bfcl.entry_tools(entry)
+    users = []
+    for messages in entry["question"][:max_segments]:
+        text = "\n".join(m["content"] for m in messages if m.get("role") == "user")
+        if text:
+            users.append(Turn("user", text))
+    if not users:
+        raise TraceError(f"BFCL entry {entry['id']} has no user message")
+    source = {"name": "bfcl-multi-turn", "dataset": f"BFCL_v4_multi_turn_{category}", "entry_id": entry["id"],
+              "license": bfcl.LICENSE, "url": bfcl.DATASET_URL, "initial_config": entry.get("initial_config", {}),
+              "involved_classes": entry["involved_classes"]}
+    return Episode(id=f"bfcl/{entry['id']}", source=source, system=bfcl.system_prompt(tools), tools=tools,
+                   format=FORMAT, turns=users)
+
+
+def environment_for(episode: Episode) -> bfcl.BfclEnvironment | None:
+    src = episode.source
+    if src.get("name") != "bfcl-multi-turn" or "involved_classes" not in src:
+        return None
+    return bfcl.BfclEnvironment(src.get("initial_config", {}), src["involved_classes"])
+
+
+def record(engine: Any, *, source: str = "bfcl-multi-turn", n: int = 12, category: str = "base",
+           max_segments: int = 3, max_steps: int = 3, max_tokens: int = 160, concurrency: int = 8,
+           tokenizer: Any, on_turn: Callable[[TurnLog], None] | None = None,
+           model_name: str = "") -> list[Episode]:
+    if source not in SOURCES:
+        raise TraceError(f"unknown trace source {source!r}; known: {list(SOURCES)}")
+    stubs = [bfcl_episode_stub(e, category, max_segments) for e in pick_entries(bfcl.multi_turn_entries(category), n)]
+    classifier = TokenClassifier(tokenizer)
+    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+    def run(stub: Episode) -> Episode:
+        env = environment_for(stub)
+
+        def observe(name: str, arguments: dict, segment: int) -> Observation:
+            ran = env.execute(name, arguments)
+            return Observation(ran.result, ran.latency_s, "real")
+
+        logs, turns = run_episode(engine, stub, observe, classifier=classifier, max_tokens=max_tokens,
+                                  max_steps=lambda seg: max_steps, sleep=False, on_turn=on_turn)
+        meta = {"model": model_name, "recorded_at": stamp, "max_tokens": max_tokens, "max_steps": max_steps,
+                "temperature": 0.0, "output_tokens": sum(log.output_tokens for log in logs)}
+        return Episode(id=stub.id, source=stub.source, system=stub.system, tools=stub.tools,
+                       format=stub.format, turns=turns, meta=meta)
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(run, stubs))

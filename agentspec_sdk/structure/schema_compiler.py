@@ -1,0 +1,1157 @@
+"""JSON Schema → grammar (Lark for python lark / llguidance, EBNF for xgrammar).
+
+The grammar's start rule matches exactly the canonical serialisations of the schema's valid
+instances: `json.dumps(v, ensure_ascii=False, separators=(",", ":"))` with object keys in the order
+of the schema's `properties` (absent optional keys skipped; undeclared required keys next, in
+`required` order; other extra keys last), integer-valued numbers written as integers, and numbers
+of type `number` in any JSON number form. See docs/schema_coverage.md for what is supported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from urllib.parse import unquote
+
+from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
+from agentspec_sdk.structure import numbers
+from agentspec_sdk.structure.grammar_ir import (
+    EMPTY,
+    NOTHING,
+    Node,
+    Ref,
+    alt,
+    chars,
+    lit,
+    opt,
+    productive_rules,
+    prune,
+    rep,
+    seq,
+    to_gbnf,
+    to_lark,
+    tok,
+)
+from agentspec_sdk.structure.regex_translate import (
+    ANY_CHAR,
+    PatternNotSupported,
+    classify_keys,
+    encode,
+    encode_chars,
+    parse_pattern,
+    string_content,
+)
+
+MAX_DEPTH = 64
+MAX_ENUM = 10_000
+MAX_ITEMS_BOUND = 2_048
+MAX_BRANCH_PRODUCT = 64
+
+ANNOTATIONS = {
+    "$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
+    "deprecated", "readOnly", "writeOnly", "$anchor", "$defs", "definitions", "contentMediaType",
+    "contentEncoding", "contentSchema", "$vocabulary", "$dynamicAnchor", "$recursiveAnchor",
+}
+HANDLED = {
+    "type", "properties", "required", "additionalProperties", "enum", "const", "anyOf", "oneOf",
+    "allOf", "$ref", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength",
+    "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "nullable", "patternProperties", "minProperties", "uniqueItems", "dependencies",
+    "dependentRequired", "dependentSchemas",
+}
+_DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
+# Validation keywords of drafts 4 to 2020-12 the compiler does not express. Any other keyword is
+# an annotation by the specification's rules and is ignored.
+UNSUPPORTED = {
+    "not", "if", "then", "else",
+    "propertyNames", "maxProperties", "contains", "minContains", "maxContains", "multipleOf",
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
+    "disallow", "divisibleBy",
+}
+TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+RELAXATIONS = {
+    "oneOf": "a oneOf whose branches may overlap is compiled as anyOf",
+    "format": "formats the compiler cannot express are ignored (as annotations)",
+    "uniqueItems": "uniqueItems is ignored (items may repeat)",
+    "pattern": "a pattern that cannot be translated is ignored (any string)",
+    "multipleOf": "multipleOf is ignored",
+}
+
+# Formats as ECMA regexes over the decoded string (approximations documented in schema_coverage.md).
+_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+FORMATS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}[Tt]{_TIME}$",
+    "email": r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$",
+    "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
+    "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
+    "hostname": r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$",
+}
+# Formats the specifications define but this compiler does not express: asserting them is not
+# possible, so they raise unless the "format" relaxation is given. Other names are annotations.
+KNOWN_FORMATS = {
+    "idn-email", "idn-hostname", "ipv6", "uri-reference", "iri", "iri-reference",
+    "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration",
+}
+
+
+_KNOWN_DIALECT = re.compile(
+    r"https?://json-schema\.org/(draft-0[3-7]/schema|draft/(2019-09|2020-12)/schema)#?"
+)
+
+
+@dataclass(frozen=True)
+class SchemaRules:
+    """Prefixed rules for one schema: `root` is the rule to reference from a larger grammar."""
+
+    root: str
+    lark: str
+    gbnf: str
+
+
+def compile_schema(
+    schema, *, whitespace: str = "compact", relax=(), formats: str = "assert", closed: bool = False
+) -> str:
+    """Lark grammar text whose `start` rule matches the canonical serialisations of valid instances."""
+    rules = schema_rules(schema, "s", whitespace=whitespace, relax=relax, formats=formats, closed=closed)
+    return f"start: {rules.root}\n{rules.lark}"
+
+
+def compile_schema_gbnf(
+    schema, *, whitespace: str = "compact", relax=(), formats: str = "assert", closed: bool = False
+) -> str:
+    """The same grammar in xgrammar's EBNF, rooted at `root`."""
+    rules = schema_rules(schema, "s", whitespace=whitespace, relax=relax, formats=formats, closed=closed)
+    return f"root ::= {rules.root}\n{rules.gbnf}"
+
+
+def schema_rules(
+    schema, prefix: str, *, whitespace: str = "compact", relax=(), formats: str = "assert", closed: bool = False
+) -> SchemaRules:
+    """Prefixed rules (Lark and xgrammar EBNF) for one schema.
+
+    whitespace: "compact" (canonical, default) or "flexible" (up to 16 blanks around punctuation).
+    relax: opt-in relaxations, names in RELAXATIONS. formats: "assert" (default) or "ignore"
+    (2020-12's annotation-only reading). closed: objects that do not say `additionalProperties`
+    admit no undeclared keys (a restriction, for tool calls: no invented arguments).
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", prefix):
+        raise ValueError(f"rule prefix {prefix!r} must match [a-z][a-z0-9_]*")
+    if whitespace not in ("compact", "flexible"):
+        raise ValueError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
+    unknown = set(relax) - set(RELAXATIONS)
+    if unknown:
+        raise ValueError(f"unknown relaxations {sorted(unknown)}; known: {sorted(RELAXATIONS)}")
+    if formats not in ("assert", "ignore"):
+        raise ValueError(f"formats must be 'assert' or 'ignore', not {formats!r}")
+    compiler = _Compiler(schema, prefix, whitespace == "flexible", frozenset(relax), formats == "assert")
+    compiler.closed = closed
+    root, rules = compiler.build()
+    try:
+        lark_text = to_lark(rules, prefix.upper() + "_T")
+        gbnf_text = to_gbnf(rules, prefix + "_t")
+    except ValueError as exc:
+        raise SchemaNotSupported(str(exc), "") from exc
+    return SchemaRules(root, lark_text, gbnf_text)
+
+
+def canonical_literal(value) -> str:
+    """Canonical JSON text of a value (integer-valued floats as integers, own key order)."""
+    return json.dumps(_canonical_value(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _canonical_value(value):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical_value(v) for v in value]
+    return value
+
+
+def _ptr(pointer: str, *parts) -> str:
+    for part in parts:
+        pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
+    return pointer
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    raise InvalidSchema(f"{type(value).__name__} is not a JSON value")
+
+
+class _Compiler:
+    def __init__(self, root, prefix: str, flexible: bool, relax: frozenset, assert_formats: bool):
+        self.root = root
+        self.prefix = prefix
+        self.flexible = flexible
+        self.relax = relax
+        self.assert_formats = assert_formats
+        self.closed = False
+        self.rules: dict[str, Node] = {}
+        self.ref_rules: dict[str, str] = {}
+        self.pending: list[tuple[str, object, str]] = []
+        self.counter = 0
+        self._anchors: dict[str, str] | None = None
+        _check_nesting(root)
+        self.nested_ids = self._has_nested_ids(root)
+
+    # ------------------------------------------------------------ driver
+
+    def build(self) -> tuple[str, dict[str, Node]]:
+        root_name = f"{self.prefix}_root"
+        self.rules[root_name] = EMPTY  # placeholder keeps the root first
+        self.rules[root_name] = self.node(self.root, "", 0)
+        while self.pending:
+            name, schema, pointer = self.pending.pop()
+            self.rules[name] = self.node(schema, pointer, pointer.count("/"))
+        dead = set(self.rules) - productive_rules(self.rules)
+        if root_name in dead:
+            raise InvalidSchema("the schema accepts no instance (contradictory constraints, false, or recursion without a base case)", "")
+        if dead:
+            self.rules = {k: prune(v, dead) for k, v in self.rules.items() if k not in dead}
+        return root_name, self.rules
+
+    def new_rule(self, tag: str) -> str:
+        self.counter += 1
+        return f"{self.prefix}_{tag}{self.counter}"
+
+    # ------------------------------------------------------------ tokens and whitespace
+
+    def ws(self) -> Node:
+        return opt(tok(rep(chars([(0x20, 0x20), (0x09, 0x0A), (0x0D, 0x0D)]), 1, 16))) if self.flexible else EMPTY
+
+    def punct(self, c: str) -> Node:
+        if not self.flexible:
+            return lit(c)
+        if c in "{[":
+            return seq(lit(c), self.ws())
+        if c in "}]":
+            return seq(self.ws(), lit(c))
+        return seq(self.ws(), lit(c), self.ws())
+
+    def key(self, name: str) -> Node:
+        """A declared key; in compact mode with its colon, as one lexeme."""
+        return lit(canonical_literal(name) + ("" if self.flexible else ":"))
+
+    # ------------------------------------------------------------ schemas
+
+    def node(self, schema, pointer: str, depth: int) -> Node:
+        if depth > MAX_DEPTH:
+            raise SchemaNotSupported(f"schema nesting is deeper than {MAX_DEPTH}", pointer)
+        if schema is True:
+            return Ref(self.any_rule())
+        if schema is False:
+            return NOTHING
+        if not isinstance(schema, dict):
+            raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer)
+        if depth == 0 and pointer == "" and isinstance(schema.get("$schema"), str):
+            if not _KNOWN_DIALECT.fullmatch(schema["$schema"]):
+                raise SchemaNotSupported(f"custom meta-schema {schema['$schema']!r}", "/$schema")
+        meaningful = set(schema) - ANNOTATIONS
+        if meaningful == {"$ref"}:
+            return Ref(self.ref_rule(schema["$ref"], pointer))
+        schema = self.flatten(schema, pointer, frozenset())
+        if schema is False:
+            return NOTHING
+        if schema is True or not (set(schema) - ANNOTATIONS):
+            return Ref(self.any_rule())
+        if any(key in schema for key in _DEPENDENCY_KEYS):
+            schema = self.expand_dependencies(schema, pointer)
+            if schema is False:
+                return NOTHING
+        self.check_keywords(schema, pointer)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return self.branches(schema, key, pointer, depth)
+        if "enum" in schema or "const" in schema:
+            return self.literals(schema, pointer)
+        return self.typed(schema, pointer, depth)
+
+    def check_keywords(self, schema: dict, pointer: str) -> None:
+        for key in schema:
+            if key in UNSUPPORTED:
+                if key == "multipleOf" and "multipleOf" in self.relax:
+                    continue
+                raise SchemaNotSupported(f"keyword {key!r} is not supported", _ptr(pointer, key))
+        if schema.get("uniqueItems") is True and "uniqueItems" not in self.relax:
+            if not (isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= 1):
+                raise SchemaNotSupported("keyword 'uniqueItems' is not supported", _ptr(pointer, "uniqueItems"))
+        if "$ref" in schema:
+            raise SchemaNotSupported("a $ref cycle through sibling keywords", _ptr(pointer, "$ref"))
+
+    def expand_dependencies(self, schema: dict, pointer: str):
+        """`dependencies` as alternatives: for each key, either it is absent, or it is present with
+        its dependent keys (or its dependent schema)."""
+        combos: list[dict] = [{}]
+        for keyword in _DEPENDENCY_KEYS:
+            deps = schema.get(keyword)
+            if deps is None:
+                continue
+            if not isinstance(deps, dict):
+                raise InvalidSchema(f"{keyword} must be an object", _ptr(pointer, keyword))
+            for name, dep in deps.items():
+                if isinstance(dep, list) and all(isinstance(d, str) for d in dep):
+                    present = {"required": [name, *dep]}
+                elif isinstance(dep, dict | bool):
+                    flat = self.flatten(dep, _ptr(pointer, keyword, name), frozenset()) if isinstance(dep, dict) else dep
+                    if flat is True:
+                        flat = {}
+                    present = False if flat is False else merge({"required": [name]}, flat, pointer)
+                else:
+                    raise InvalidSchema(f"{keyword} values must be arrays of names or schemas", _ptr(pointer, keyword, name))
+                options = [{"properties": {name: False}}] + ([present] if present is not False else [])
+                combos = [m for c in combos for o in options if (m := merge(c, o, pointer)) is not False]
+                if len(combos) > MAX_BRANCH_PRODUCT:
+                    raise SchemaNotSupported(f"{keyword} expands to too many alternatives", _ptr(pointer, keyword))
+        base = {k: v for k, v in schema.items() if k not in _DEPENDENCY_KEYS}
+        if not combos:
+            return False
+        return merge(base, {"anyOf": combos}, pointer) if len(combos) > 1 else merge(base, combos[0], pointer)
+
+    # ------------------------------------------------------------ $ref
+
+    def resolve(self, ref, pointer: str) -> tuple[object, str]:
+        if not isinstance(ref, str):
+            raise InvalidSchema("$ref must be a string", _ptr(pointer, "$ref"))
+        base, _, fragment = ref.partition("#")
+        root_id = self.root.get("$id") or self.root.get("id") if isinstance(self.root, dict) else None
+        if base and base != (root_id or "").partition("#")[0]:
+            raise SchemaNotSupported(f"remote $ref {ref!r} is not supported", _ptr(pointer, "$ref"))
+        if self.nested_ids:
+            raise SchemaNotSupported("$ref with nested $id base URIs is not supported", _ptr(pointer, "$ref"))
+        if fragment and not fragment.startswith("/"):
+            target = self.anchors().get(fragment)
+            if target is None:
+                raise InvalidSchema(f"$ref {ref!r} points to no anchor", _ptr(pointer, "$ref"))
+            fragment = target
+        node = self.root
+        for raw in fragment.split("/")[1:] if fragment else []:
+            part = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise InvalidSchema(f"$ref {ref!r} points to nowhere", _ptr(pointer, "$ref"))
+        if not isinstance(node, dict | bool):
+            raise InvalidSchema(f"$ref {ref!r} does not point to a schema", _ptr(pointer, "$ref"))
+        return node, fragment
+
+    def ref_rule(self, ref, pointer: str) -> str:
+        target, fragment = self.resolve(ref, pointer)
+        name = self.ref_rules.get(fragment)
+        if name is None:
+            name = self.new_rule("ref")
+            self.ref_rules[fragment] = name
+            self.pending.append((name, target, fragment))
+        return name
+
+    def anchors(self) -> dict[str, str]:
+        if self._anchors is None:
+            found: dict[str, str] = {}
+
+            def walk(node, pointer):
+                if isinstance(node, dict):
+                    for key in ("$anchor", "$dynamicAnchor"):
+                        if isinstance(node.get(key), str):
+                            found.setdefault(node[key], pointer)
+                    for key in ("$id", "id"):
+                        if isinstance(node.get(key), str) and node[key].startswith("#"):
+                            found.setdefault(node[key][1:], pointer)
+                    for key, value in node.items():
+                        if key not in ("enum", "const", "default", "examples"):
+                            walk(value, _ptr(pointer, key))
+                elif isinstance(node, list):
+                    for i, value in enumerate(node):
+                        walk(value, _ptr(pointer, i))
+
+            walk(self.root, "")
+            self._anchors = found
+        return self._anchors
+
+    @staticmethod
+    def _has_nested_ids(root) -> bool:
+        """A `$id` below the root changes the base URI of `$ref`s under it (not supported)."""
+
+        def walk(node, top: bool) -> bool:
+            if isinstance(node, dict):
+                value = node.get("$id")
+                if not top and isinstance(value, str) and not value.startswith("#"):
+                    return True
+                return any(walk(v, False) for k, v in node.items() if k not in ("enum", "const", "default", "examples"))
+            if isinstance(node, list):
+                return any(walk(v, False) for v in node)
+            return False
+
+        return walk(root, True)
+
+    # ------------------------------------------------------------ allOf and $ref siblings
+
+    def flatten(self, schema: dict, pointer: str, inlining: frozenset):
+        """Inline `$ref` (with siblings) and merge `allOf` into one schema dict."""
+        parts = []
+        rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref")}
+        if "$ref" in schema:
+            target, fragment = self.resolve(schema["$ref"], pointer)
+            if fragment in inlining:
+                raise SchemaNotSupported("a $ref cycle through sibling keywords", _ptr(pointer, "$ref"))
+            if target is False:
+                return False
+            if isinstance(target, dict):
+                parts.append(self.flatten(target, fragment, inlining | {fragment}))
+        if "allOf" in schema:
+            members = schema["allOf"]
+            if not isinstance(members, list) or not members:
+                raise InvalidSchema("allOf must be a non-empty array", _ptr(pointer, "allOf"))
+            for i, member in enumerate(members):
+                if member is False:
+                    return False
+                if member is True:
+                    continue
+                if not isinstance(member, dict):
+                    raise InvalidSchema("allOf members must be schemas", _ptr(pointer, "allOf", i))
+                parts.append(self.flatten(member, _ptr(pointer, "allOf", i), inlining))
+        result = rest
+        for part in parts:
+            if part is False:
+                return False
+            result = merge(result, part, pointer)
+            if result is False:
+                return False
+        return result
+
+    # ------------------------------------------------------------ anyOf / oneOf
+
+    def branches(self, schema: dict, key: str, pointer: str, depth: int) -> Node:
+        options = schema[key]
+        if not isinstance(options, list) or not options:
+            raise InvalidSchema(f"{key} must be a non-empty array", _ptr(pointer, key))
+        base = {k: v for k, v in schema.items() if k != key}
+        merged, raw = [], []
+        for i, option in enumerate(options):
+            if option is False:
+                continue
+            if option is True:
+                option = {}
+            if not isinstance(option, dict):
+                raise InvalidSchema(f"{key} members must be schemas", _ptr(pointer, key, i))
+            flat = self.flatten(option, _ptr(pointer, key, i), frozenset())
+            if flat is False:
+                continue
+            combined = merge(base, flat, pointer)
+            if combined is not False:
+                merged.append((i, combined))
+                raw.append(flat)
+        if key == "oneOf" and "oneOf" not in self.relax and not self.disjoint([m for _, m in merged], raw):
+            exclusive = _exclusive_required_branches(base, [flat for _, flat in merged_flat(self, options, pointer)])
+            if exclusive is None:
+                raise SchemaNotSupported("oneOf branches that may overlap are not expressible", _ptr(pointer, key))
+            merged = [(i, m) for i, m in enumerate(exclusive)]
+        if not merged:
+            return NOTHING
+        return alt(*(self.node(m, _ptr(pointer, key, i), depth + 1) for i, m in merged))
+
+    def disjoint(self, schemas: list[dict], raw: list[dict]) -> bool:
+        """Whether no instance can match two branches (merged with their siblings; `raw`: as
+        written, whose additionalProperties speaks of the branch's own properties only)."""
+        sets = [self.value_kinds(s) for s in schemas]
+        for a in range(len(sets)):
+            for b in range(a + 1, len(sets)):
+                if not sets[a] & sets[b]:
+                    continue
+                if _distinguished(schemas[a], schemas[b]) or _forbids(raw[a], schemas[b]) or _forbids(raw[b], schemas[a]):
+                    continue
+                return False
+        return True
+
+    def value_kinds(self, schema: dict) -> set[str]:
+        if "enum" in schema or "const" in schema:
+            values = schema.get("enum", []) if "enum" in schema else [schema["const"]]
+            if not isinstance(values, list):
+                return set(TYPES)
+            return {("lit", canonical_literal(v)) for v in values}
+        types = _types(schema)
+        kinds = set(types or TYPES)
+        if "integer" in kinds:
+            kinds.add("number")
+        if schema.get("nullable") is True:
+            kinds.add("null")
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return set(TYPES)
+        return kinds
+
+    # ------------------------------------------------------------ enum / const
+
+    def literals(self, schema: dict, pointer: str) -> Node:
+        if "const" in schema:
+            values, where = [schema["const"]], _ptr(pointer, "const")
+        else:
+            values, where = schema["enum"], _ptr(pointer, "enum")
+            if not isinstance(values, list):
+                raise InvalidSchema("enum must be an array", where)
+            if len(values) > MAX_ENUM:
+                raise SchemaNotSupported(f"enum has {len(values)} values, above the limit of {MAX_ENUM}", where)
+        if "const" in schema and "enum" in schema:
+            values = [v for v in values if any(_equal(v, e) for e in schema["enum"])] if isinstance(schema["enum"], list) else values
+        others = (set(schema) & (HANDLED | UNSUPPORTED)) - {"enum", "const", "type", "nullable"} - _SCALAR_CHECKS
+        if others:
+            raise SchemaNotSupported(f"enum/const combined with {sorted(others)} is not supported", where)
+        kept = []
+        for value in values:
+            try:
+                if _satisfies(value, schema):
+                    kept.append(lit(canonical_literal(value)))
+            except (ValueError, TypeError) as exc:
+                raise InvalidSchema(f"enum/const value is not JSON: {exc}", where) from exc
+        if schema.get("nullable") is True and "null" not in [getattr(k, "text", None) for k in kept]:
+            if any(v is None for v in values):
+                kept.append(lit("null"))
+        return alt(*kept) if kept else NOTHING
+
+    # ------------------------------------------------------------ typed values
+
+    def typed(self, schema: dict, pointer: str, depth: int) -> Node:
+        types = _types(schema)
+        if types is None:
+            raise InvalidSchema("type must be a type name or an array of them", _ptr(pointer, "type"))
+        for t in types:
+            if t not in TYPES:
+                raise InvalidSchema(f"unknown type {t!r}", _ptr(pointer, "type"))
+        wanted = list(types) if types else list(TYPES)
+        if schema.get("nullable") is True and "null" not in wanted:
+            wanted.append("null")
+        if "number" in wanted and "integer" in wanted:
+            wanted.remove("integer")
+        options = []
+        for t in dict.fromkeys(wanted):
+            if t == "null":
+                options.append(lit("null"))
+            elif t == "boolean":
+                options.append(alt(lit("true"), lit("false")))
+            elif t in ("integer", "number"):
+                options.append(self.number(schema, pointer, t == "integer"))
+            elif t == "string":
+                options.append(self.string(schema, pointer))
+            elif t == "array":
+                options.append(self.array(schema, pointer, depth))
+            elif t == "object":
+                options.append(self.object(schema, pointer, depth))
+        return alt(*options)
+
+    def number(self, schema: dict, pointer: str, integer: bool) -> Node:
+        lower, upper = _bounds(schema, pointer)
+        try:
+            if integer:
+                return numbers.integer_range(lower, upper)
+            return numbers.number_range(lower, upper)
+        except numbers.BoundNotExpressible as exc:
+            raise SchemaNotSupported(str(exc), _ptr(pointer, exc.keyword)) from exc
+
+    def string(self, schema: dict, pointer: str) -> Node:
+        min_len = _non_negative_int(schema, "minLength", pointer, 0)
+        max_len = _non_negative_int(schema, "maxLength", pointer, None)
+        pattern = schema.get("pattern")
+        if pattern is not None and not isinstance(pattern, str):
+            raise InvalidSchema("pattern must be a string", _ptr(pointer, "pattern"))
+        fmt = schema.get("format")
+        if fmt is not None and not isinstance(fmt, str):
+            raise InvalidSchema("format must be a string", _ptr(pointer, "format"))
+        if fmt in FORMATS and self.assert_formats:
+            if pattern is not None and pattern != FORMATS[fmt]:
+                if "pattern" not in self.relax:
+                    raise SchemaNotSupported("format together with pattern is not expressible", _ptr(pointer, "format"))
+            pattern = FORMATS[fmt]
+        elif fmt in KNOWN_FORMATS and self.assert_formats and "format" not in self.relax:
+            raise SchemaNotSupported(f"format {fmt!r} is not supported", _ptr(pointer, "format"))
+        if max_len is not None and max_len < min_len:
+            return NOTHING
+        try:
+            content = string_content(pattern, min_len, max_len)
+        except PatternNotSupported as exc:
+            if "pattern" not in self.relax:
+                raise SchemaNotSupported(f"pattern: {exc}", _ptr(pointer, "pattern")) from exc
+            content = string_content(None, min_len, max_len)
+        return tok(seq(lit('"'), content, lit('"')))
+
+    def array(self, schema: dict, pointer: str, depth: int) -> Node:
+        min_items = _non_negative_int(schema, "minItems", pointer, 0)
+        max_items = _non_negative_int(schema, "maxItems", pointer, None)
+        for key, value in (("minItems", min_items), ("maxItems", max_items)):
+            if value is not None and value > MAX_ITEMS_BOUND:
+                raise SchemaNotSupported(f"{key} above {MAX_ITEMS_BOUND} is not supported", _ptr(pointer, key))
+        if max_items is not None and max_items < min_items:
+            return NOTHING
+        items = schema.get("items", True)
+        if "prefixItems" in schema:
+            prefix, prefix_key = schema["prefixItems"], "prefixItems"
+            rest, rest_key = items, "items"
+        elif isinstance(items, list):
+            prefix, prefix_key = items, "items"
+            rest, rest_key = schema.get("additionalItems", True), "additionalItems"
+        else:
+            prefix, prefix_key, rest, rest_key = [], "prefixItems", items, "items"
+        if not isinstance(prefix, list):
+            raise InvalidSchema(f"{prefix_key} must be an array of schemas", _ptr(pointer, prefix_key))
+        prefix_nodes = [self.node(s, _ptr(pointer, prefix_key, i), depth + 1) for i, s in enumerate(prefix)]
+        rest_node = self.node(rest, _ptr(pointer, rest_key), depth + 1)
+        comma = self.punct(",")
+
+        tail: Node = EMPTY
+        k = len(prefix_nodes)
+        if max_items is None or max_items > k:
+            lo = max(min_items - k, 0)
+            hi = None if max_items is None else max_items - k
+            if k == 0:
+                tail = seq(rest_node, rep(seq(comma, rest_node), max(lo - 1, 0), None if hi is None else hi - 1))
+                tail = tail if lo > 0 else opt(tail)
+            else:
+                tail = rep(seq(comma, rest_node), lo, hi)
+        elif min_items > k:
+            return NOTHING
+        for i in range(min(k, max_items if max_items is not None else k) - 1, -1, -1):
+            element = seq(comma if i > 0 else EMPTY, prefix_nodes[i], tail)
+            tail = element if i < min_items else opt(element)
+        if self.flexible and tail == EMPTY:
+            return seq(lit("["), self.ws(), lit("]"))
+        return seq(self.punct("["), tail, self.punct("]"))
+
+    def object(self, schema: dict, pointer: str, depth: int) -> Node:
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise InvalidSchema("properties must be an object", _ptr(pointer, "properties"))
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise InvalidSchema("required must be an array of strings", _ptr(pointer, "required"))
+        extra = schema.get("additionalProperties", not self.closed)
+        if not isinstance(extra, dict | bool):
+            raise InvalidSchema("additionalProperties must be a schema", _ptr(pointer, "additionalProperties"))
+        min_props = _non_negative_int(schema, "minProperties", pointer, 0)
+        if min_props > 1:
+            raise SchemaNotSupported("minProperties above 1 is not supported", _ptr(pointer, "minProperties"))
+        pattern_props = schema.get("patternProperties") or {}
+        if not isinstance(pattern_props, dict):
+            raise InvalidSchema("patternProperties must be an object", _ptr(pointer, "patternProperties"))
+        colon = self.punct(":") if self.flexible else EMPTY
+        members: list[tuple[Node, bool]] = []
+        declared = list(dict.fromkeys([*props, *required]))
+        for name in declared:
+            matching = self.patterns_matching(name, pattern_props, pointer)
+            if name in props:
+                sub, sub_pointer = props[name], _ptr(pointer, "properties", name)
+            elif matching:
+                sub, sub_pointer = True, _ptr(pointer, "patternProperties")
+            else:
+                sub, sub_pointer = extra, _ptr(pointer, "additionalProperties")
+            if matching:
+                sub = {"allOf": [sub, *matching]}
+            value = self.node(sub, sub_pointer, depth + 1)
+            if value == NOTHING:
+                if name in required:
+                    return NOTHING
+                continue
+            members.append((seq(self.key(name), colon, value), name in required))
+        extras = []
+        if pattern_props:
+            extras = self.pattern_extras(pattern_props, extra, declared, pointer, depth)
+        elif extra is not False:
+            value = self.node(extra, _ptr(pointer, "additionalProperties"), depth + 1)
+            if value != NOTHING:
+                extras = [(tok(seq(lit('"'), _string_not_in(declared), lit('"'))), value)]
+        extra_member = alt(*(seq(key, self.punct(":"), value) for key, value in extras)) if extras else None
+        body = self.members(members, extra_member, min_props)
+        if body == NOTHING:
+            return NOTHING
+        if self.flexible and body == EMPTY:
+            return seq(lit("{"), self.ws(), lit("}"))
+        return seq(self.punct("{"), body, self.punct("}"))
+
+    def patterns_matching(self, name: str, pattern_props: dict, pointer: str) -> list:
+        """Schemas of the patternProperties whose pattern matches a declared name."""
+        matching = []
+        for pattern, pschema in pattern_props.items():
+            try:
+                languages = classify_keys([parse_pattern(pattern), lit(name)])
+            except PatternNotSupported as exc:
+                raise SchemaNotSupported(f"patternProperties: {exc}", _ptr(pointer, "patternProperties")) from exc
+            if any(tags == frozenset({0, 1}) for tags, _ in languages):
+                matching.append(pschema)
+        return matching
+
+    def pattern_extras(self, pattern_props: dict, extra, declared: list[str], pointer: str, depth: int):
+        """(key lexeme, value) for undeclared keys: keys are split into classes by the set of patterns
+        they match (exactly, via a DFA); each class gets the allOf of those patterns' schemas, the
+        class matching none gets additionalProperties."""
+        where = _ptr(pointer, "patternProperties")
+        patterns = list(pattern_props)
+        try:
+            languages = [parse_pattern(p) for p in patterns]
+            if declared:
+                languages.append(alt(*(lit(n) for n in declared)))
+            classes = classify_keys(languages)
+        except PatternNotSupported as exc:
+            raise SchemaNotSupported(f"patternProperties: {exc}", where) from exc
+        out = []
+        for tags, keys in classes:
+            if declared and len(patterns) in tags:
+                continue
+            if tags:
+                schemas = [pattern_props[patterns[i]] for i in sorted(tags)]
+                sub = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+                value = self.node(sub, _ptr(where, patterns[min(tags)]), depth + 1)
+            else:
+                value = self.node(extra, _ptr(pointer, "additionalProperties"), depth + 1)
+            if value != NOTHING:
+                out.append((tok(seq(lit('"'), encode(keys), lit('"'))), value))
+        return out
+
+    def members(self, members: list[tuple[Node, bool]], extra: Node | None, min_props: int) -> Node:
+        comma = self.punct(",")
+        extras_after = rep(seq(comma, extra), 0, None) if extra is not None else EMPTY
+        first_required = next((i for i, (_, req) in enumerate(members) if req), None)
+        if first_required is not None:
+            parts = [opt(seq(m, comma)) for m, _ in members[:first_required]]
+            parts.append(members[first_required][0])
+            for m, req in members[first_required + 1 :]:
+                parts.append(seq(comma, m) if req else opt(seq(comma, m)))
+            parts.append(extras_after)
+            return seq(*parts)
+        # All optional: choose the first present member; the rest follow with commas.
+        tail = extras_after
+        shared = len(members) > 4
+        options = [seq(extra, extras_after)] if extra is not None else []
+        for m, _ in reversed(members):
+            options.append(seq(m, tail))
+            tail = seq(opt(seq(comma, m)), tail)
+            if shared:
+                name = self.new_rule("tail")
+                self.rules[name] = tail
+                tail = Ref(name)
+        body = alt(*reversed(options)) if options else EMPTY
+        if min_props == 0:
+            body = opt(body) if options else EMPTY
+        elif not options:
+            return NOTHING
+        return body
+
+    # ------------------------------------------------------------ any JSON value
+
+    def any_rule(self) -> str:
+        name = f"{self.prefix}_any"
+        if name not in self.rules:
+            obj, arr = f"{self.prefix}_anyobj", f"{self.prefix}_anyarr"
+            value = Ref(name)
+            string = tok(seq(lit('"'), rep(encode_chars(ANY_CHAR), 0, None), lit('"')))
+            comma = self.punct(",")
+            member = seq(string, self.punct(":"), value)
+            self.rules[name] = alt(
+                Ref(obj), Ref(arr), string, numbers.number_range(None, None),
+                lit("true"), lit("false"), lit("null"),
+            )
+            self.rules[obj] = seq(self.punct("{"), opt(seq(member, rep(seq(comma, member), 0, None))), self.punct("}"))
+            self.rules[arr] = seq(self.punct("["), opt(seq(value, rep(seq(comma, value), 0, None))), self.punct("]"))
+        return name
+
+
+def _check_nesting(document) -> None:
+    """Refuse documents nested deeper than a schema of depth MAX_DEPTH can be, before any
+    recursive walk (a schema level is at most two JSON levels: `properties`, then the name)."""
+    limit = 2 * MAX_DEPTH + 8
+    stack = [(document, "", 0)]
+    while stack:
+        node, pointer, depth = stack.pop()
+        if depth > limit:
+            raise SchemaNotSupported(f"schema nesting is deeper than {MAX_DEPTH}", pointer)
+        if isinstance(node, dict):
+            stack.extend((v, _ptr(pointer, k), depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, _ptr(pointer, i), depth + 1) for i, v in enumerate(node))
+
+
+# ---------------------------------------------------------------- helpers
+
+_SCALAR_CHECKS = {
+    "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "minItems", "maxItems", "required", "format",
+}
+
+
+def _types(schema: dict):
+    t = schema.get("type")
+    if t is None:
+        return []
+    if isinstance(t, str):
+        return [t]
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        return t
+    return None
+
+
+def _equal(a, b) -> bool:
+    return canonical_literal(a) == canonical_literal(b)
+
+
+def _satisfies(value, schema: dict) -> bool:
+    """Whether an enum/const value passes the scalar keywords beside it."""
+    kind = _json_type(value)
+    types = _types(schema) or []
+    if schema.get("nullable") is True and types:
+        types = [*types, "null"]
+    if types and not (kind in types or (kind == "integer" and "number" in types)):
+        return False
+    if kind == "string":
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", math.inf):
+            return False
+        if isinstance(schema.get("format"), str) and schema["format"] in FORMATS:
+            if not re.search(FORMATS[schema["format"]], value):
+                return False
+    if kind in ("integer", "number"):
+        lower, upper = _bounds(schema, "")
+        v = Fraction(value)
+        if lower is not None and (v < lower[0] or (v == lower[0] and not lower[1])):
+            return False
+        if upper is not None and (v > upper[0] or (v == upper[0] and not upper[1])):
+            return False
+    if kind == "array":
+        if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", math.inf):
+            return False
+    if kind == "object" and any(r not in value for r in schema.get("required", [])):
+        return False
+    return True
+
+
+def _non_negative_int(schema: dict, key: str, pointer: str, default):
+    value = schema.get(key, default)
+    if value is default:
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidSchema(f"{key} must be a non-negative integer", _ptr(pointer, key))
+    return value
+
+
+def _bounds(schema: dict, pointer: str):
+    """((value, inclusive) | None, (value, inclusive) | None) as Fractions, drafts 4 to 2020-12."""
+
+    def number(key):
+        value = schema[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidSchema(f"{key} must be a number", _ptr(pointer, key))
+        return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+    lower = upper = None
+    if "minimum" in schema:
+        lower = (number("minimum"), schema.get("exclusiveMinimum") is not True)
+    if "maximum" in schema:
+        upper = (number("maximum"), schema.get("exclusiveMaximum") is not True)
+    for key, is_lower in (("exclusiveMinimum", True), ("exclusiveMaximum", False)):
+        if key in schema and not isinstance(schema[key], bool):
+            bound = (number(key), False)
+            current = lower if is_lower else upper
+            if current is None or (bound[0] >= current[0] if is_lower else bound[0] <= current[0]):
+                if is_lower:
+                    lower = bound
+                else:
+                    upper = bound
+    return lower, upper
+
+
+def _string_not_in(names: list[str]) -> Node:
+    """JSON-escaped content of any string except the given ones (extra keys vs declared keys).
+
+    Strings leave the trie of names at some node by a character no name continues with, or end at
+    a node that is not a name. Characters that JSON escapes are factored out when no name has one
+    (the usual case): deviating by an escaped character is then "any path, escape, anything".
+    """
+    any_unit = encode_chars(ANY_CHAR)
+    if not names:
+        return rep(any_unit, 0, None)
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[None] = True
+    plain_names = all(ord(c) >= 0x20 and c not in '"\\' for name in names for c in name)
+    escaped_units = encode_chars([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+
+    def children(node: dict) -> list[str]:
+        return [c for c in node if c is not None]
+
+    def deviate(node: dict) -> Node:
+        points = [ord(c) for c in children(node)]
+        if plain_names:
+            points += [*range(0x20), 0x22, 0x5C]
+        options = [encode_chars(_complement_points(points))]
+        options += [seq(encode(lit(c)), deviate(node[c])) for c in children(node)]
+        return alt(*options)
+
+    def paths(node: dict) -> Node:
+        return alt(EMPTY, *(seq(encode(lit(c)), paths(node[c])) for c in children(node)))
+
+    def proper_prefixes(node: dict, path: str) -> list[Node]:
+        found = [] if None in node else [encode(lit(path))]
+        for c in children(node):
+            found += proper_prefixes(node[c], path + c)
+        return found
+
+    leave = alt(deviate(trie), seq(paths(trie), escaped_units)) if plain_names else deviate(trie)
+    return alt(seq(leave, rep(any_unit, 0, None)), *proper_prefixes(trie, ""))
+
+
+def _complement_points(points: list[int]) -> list[tuple[int, int]]:
+    out, nxt = [], 0
+    for p in sorted(set(points)):
+        if p > nxt:
+            out.append((nxt, p - 1))
+        nxt = p + 1
+    if nxt <= 0x10FFFF:
+        out.append((nxt, 0x10FFFF))
+    return out
+
+
+def _distinguished(a: dict, b: dict) -> bool:
+    """Two object schemas that cannot both match: a key required by one with disjoint constants in
+    both, or a key required by one that the other's additionalProperties: false forbids."""
+    props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
+    req_a, req_b = set(a.get("required") or []), set(b.get("required") or [])
+    for key in req_a | req_b:
+        sa, sb = props_a.get(key), props_b.get(key)
+        if isinstance(sa, dict) and isinstance(sb, dict):
+            va, vb = _constants(sa), _constants(sb)
+            if va is not None and vb is not None and not (va & vb):
+                return True
+    return _forbids(a, b) or _forbids(b, a)
+
+
+def _forbids(this: dict, other: dict) -> bool:
+    """`this` (as written) forbids, or pins to other constants, a key that `other` requires."""
+    props = this.get("properties") or {}
+    required = other.get("required") or []
+    if this.get("additionalProperties") is False and not this.get("patternProperties"):
+        if any(k not in props or props[k] is False for k in required):
+            return True
+    other_props = other.get("properties") or {}
+    for k in required:
+        mine, theirs = _constants(props.get(k)), _constants(other_props.get(k))
+        if mine is not None and theirs is not None and not (mine & theirs):
+            return True
+    return False
+
+
+def merged_flat(compiler, options: list, pointer: str) -> list[tuple[int, dict]]:
+    out = []
+    for i, option in enumerate(options):
+        flat = compiler.flatten(option, _ptr(pointer, "oneOf", i), frozenset()) if isinstance(option, dict) else option
+        if flat is True:
+            flat = {}
+        if flat is not False:
+            out.append((i, flat))
+    return out
+
+
+def _strip(schema) -> object:
+    if isinstance(schema, dict):
+        return {k: _strip(v) for k, v in schema.items() if k not in ANNOTATIONS}
+    return schema
+
+
+def _exclusive_required_branches(base: dict, branches: list[dict]) -> list[dict] | None:
+    """oneOf whose branches only add `required` sets to an object base, made exclusive exactly:
+    branch i holds and, for every other branch j, some key of R_j that is not in R_i is absent.
+    None when the branches do more than that (or the expansion is too large)."""
+    base_props = base.get("properties") or {}
+    if _types(base) not in ([], ["object"]) or not isinstance(base_props, dict):
+        return None
+    required_sets = []
+    for branch in branches:
+        if not isinstance(branch, dict):
+            return None
+        for key, value in branch.items():
+            if key in ANNOTATIONS or key == "required" or key not in HANDLED | UNSUPPORTED:
+                continue
+            if key == "type" and _types(branch) == ["object"]:
+                continue
+            if key == "properties" and isinstance(value, dict) and all(
+                not _strip(sub) or (name in base_props and _same(_strip(sub), _strip(base_props[name])))
+                for name, sub in value.items()
+            ):
+                continue
+            return None
+        required = branch.get("required") or []
+        if not isinstance(required, list):
+            return None
+        required_sets.append(list(dict.fromkeys(required)))
+    out: list[dict] = []
+    for i, own in enumerate(required_sets):
+        choices: list[list[str]] = [[]]
+        for j, other in enumerate(required_sets):
+            if j == i:
+                continue
+            absent = [k for k in other if k not in own]
+            if not absent:
+                choices = []
+                break
+            choices = [c + [k] for c in choices for k in absent]
+            if len(choices) > MAX_BRANCH_PRODUCT:
+                return None
+        for forbidden in choices:
+            schema = merge(dict(base), {"type": "object", "required": own}, "")
+            if schema is False:
+                continue
+            props = dict(schema.get("properties") or {})
+            for k in forbidden:
+                props[k] = False
+            schema["properties"] = props
+            out.append(schema)
+    return out
+
+
+def _constants(schema):
+    """The finite set of values a schema allows (canonical texts), or None if not known finite."""
+    if not isinstance(schema, dict):
+        return None
+    found = []
+    if "const" in schema:
+        found.append({canonical_literal(schema["const"])})
+    if isinstance(schema.get("enum"), list):
+        found.append({canonical_literal(v) for v in schema["enum"]})
+    for member in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
+        inner = _constants(member)
+        if inner is not None:
+            found.append(inner)
+    if not found:
+        return None
+    result = found[0]
+    for other in found[1:]:
+        result = result & other
+    return result
+
+
+_ARRAY_KEYS = ("prefixItems", "items", "additionalItems")
+
+
+def _positional(schema: dict):
+    """(per-index schemas, schema for the rest) of an array schema, drafts 4 to 2020-12."""
+    items = schema.get("items", True)
+    if "prefixItems" in schema:
+        return list(schema["prefixItems"]), items
+    if isinstance(items, list):
+        return list(items), schema.get("additionalItems", True)
+    return [], items
+
+
+def _merge_arrays(a: dict, b: dict, out: dict, pointer: str) -> None:
+    """Items of two schemas that both apply: element i must match both sides' schema for i."""
+    if not any(k in a for k in _ARRAY_KEYS) or not any(k in b for k in _ARRAY_KEYS):
+        return
+    (pa, ra), (pb, rb) = _positional(a), _positional(b)
+    if not isinstance(pa, list) or not isinstance(pb, list):
+        raise InvalidSchema("prefixItems must be an array of schemas", _ptr(pointer, "prefixItems"))
+    prefix = []
+    for i in range(max(len(pa), len(pb))):
+        x = pa[i] if i < len(pa) else ra
+        y = pb[i] if i < len(pb) else rb
+        prefix.append(x if _same(x, y) else {"allOf": [x, y]})
+    for key in _ARRAY_KEYS:
+        out.pop(key, None)
+    if prefix:
+        out["prefixItems"] = prefix
+    out["items"] = ra if _same(ra, rb) else {"allOf": [ra, rb]}
+
+
+def merge(a: dict, b: dict, pointer: str):
+    """Sound merge of two schemas (both must hold). False when nothing can satisfy both."""
+    out = dict(a)
+    _merge_arrays(a, b, out, pointer)
+    for key, value in b.items():
+        if key in _ARRAY_KEYS and any(k in a for k in _ARRAY_KEYS):
+            continue
+        if key not in out:
+            out[key] = value
+            continue
+        mine = out[key]
+        if key in ANNOTATIONS or key not in HANDLED | UNSUPPORTED or _same(mine, value):
+            continue
+        if key == "type":
+            ta, tb = _types(a), _types(b)
+            if ta is None or tb is None:
+                raise InvalidSchema("type must be a type name or an array of them", _ptr(pointer, "type"))
+            both = [t for t in ta if t in tb or (t == "integer" and "number" in tb)]
+            both += [t for t in tb if t == "integer" and "number" in ta and t not in both]
+            if not both:
+                return False
+            out[key] = both
+        elif key == "properties":
+            if not isinstance(mine, dict) or not isinstance(value, dict):
+                raise InvalidSchema("properties must be an object", _ptr(pointer, "properties"))
+            props = dict(mine)
+            for name, sub in value.items():
+                props[name] = {"allOf": [props[name], sub]} if name in props else sub
+            out[key] = props
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*mine, *value]))
+        elif key in ("minLength", "minItems", "minProperties"):
+            out[key] = max(mine, value)
+        elif key in ("maxLength", "maxItems", "maxProperties"):
+            out[key] = min(mine, value)
+        elif key in ("minimum", "exclusiveMinimum") and not isinstance(mine, bool) and not isinstance(value, bool):
+            out[key] = max(mine, value)
+        elif key in ("maximum", "exclusiveMaximum") and not isinstance(mine, bool) and not isinstance(value, bool):
+            out[key] = min(mine, value)
+        elif key == "enum":
+            out[key] = [v for v in mine if any(_equal(v, w) for w in value)]
+        elif key == "const":
+            if not _equal(mine, value):
+                return False
+        elif key == "additionalProperties" and isinstance(mine, dict | bool) and isinstance(value, dict | bool):
+            out[key] = {"allOf": [mine, value]}
+        elif key in ("anyOf", "oneOf"):
+            product = [{"allOf": [x, y]} for x in mine for y in value]
+            if len(product) > MAX_BRANCH_PRODUCT:
+                raise SchemaNotSupported(f"allOf of two {key} lists is too large to expand", _ptr(pointer, key))
+            if key == "oneOf":
+                raise SchemaNotSupported("allOf of two oneOf lists is not expressible", _ptr(pointer, key))
+            out[key] = product
+        else:
+            raise SchemaNotSupported(f"allOf with two different {key!r} values is not expressible", _ptr(pointer, key))
+    # additionalProperties of one side also constrains the other side's extra properties.
+    for side, other in ((a, b), (b, a)):
+        if "additionalProperties" in side and side["additionalProperties"] is not True:
+            own = side.get("properties") or {}
+            extra_names = [n for n in (other.get("properties") or {}) if n not in own]
+            if extra_names and ("patternProperties" in side or "patternProperties" in other):
+                raise SchemaNotSupported("allOf with additionalProperties and patternProperties", pointer)
+            props = dict(out.get("properties") or {})
+            for name in extra_names:
+                props[name] = {"allOf": [props[name], side["additionalProperties"]]}
+            if extra_names:
+                out["properties"] = props
+    return out
+
+
+def _same(x, y) -> bool:
+    return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)

@@ -1,0 +1,390 @@
+"""Per-turn grammars composed from an agent format and the registered tools.
+
+Three renderings of the same language:
+- ``llguidance`` Lark (what vLLM's ``guidance`` backend compiles; the default),
+- ``lark``: plain python-lark text (Earley), used to parse and check sample turns,
+- xgrammar EBNF (`turn_grammar_gbnf`).
+
+Markers are literal; a tool call is the union over tools of
+``{"name":"<tool>","arguments":<that tool's schema>}`` in compact canonical JSON; free text (reasoning,
+final answers, code bodies) may be any text that does not contain a marker the segmenter would
+split on; the model's turn ends where the environment's segment would begin.
+
+llguidance's lexer is greedy and does not give bytes back, so free text and the marker that ends it
+are one lexeme (``text + marker``, with the text's marker-freedom written as ``& ~/…/``). Python lark
+gets the same lexeme as a regex with a negative lookahead; xgrammar gets right-linear rules from the
+marker automaton (it parses non-deterministically, so text and marker can stay apart).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Literal
+
+from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
+from agentspec_sdk.structure.formats import AgentFormat, get_format
+from agentspec_sdk.structure.grammar_ir import Lit, to_regex
+from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
+from agentspec_sdk.structure.tools import Tool, ToolRegistry
+from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, TurnParseError, parse_turn
+
+__all__ = [
+    "ParsedTurn", "ToolCall", "TurnParseError", "parse_turn",  # re-exported: the façade names them here
+    "tool_call_grammar", "turn_grammar", "turn_grammar_gbnf",
+]
+
+Dialect = Literal["llguidance", "lark", "gbnf"]
+ToolChoice = Literal["auto", "required", "none", "call"]  # "call": tool calls only, no text first
+
+
+# -- public API -----------------------------------------------------------------------------------
+
+
+def turn_grammar(
+    fmt: AgentFormat | str,
+    registry: ToolRegistry | Iterable[Tool] = (),
+    *,
+    whitespace: str = "compact",
+    tool_choice: ToolChoice = "auto",
+    dialect: Literal["llguidance", "lark"] = "llguidance",
+    special_tokens: Sequence[str] = (),
+    relax: Sequence[str] = (),
+    closed: bool = True,
+) -> str:
+    """Lark text for one model turn of `fmt` with the tools of `registry`.
+
+    `special_tokens`: markers that are single special tokens in the target tokenizer (e.g. Qwen's
+    ``<tool_call>``); llguidance must then see them as ``<tool_call>`` (token syntax), not as text.
+    """
+    if dialect not in ("llguidance", "lark"):
+        raise ValueError(f"dialect must be 'llguidance' or 'lark', not {dialect!r}")
+    if special_tokens and dialect == "lark":
+        raise FormatError("python lark has no special-token syntax; use dialect='llguidance'")
+    return _build(fmt, _tools(registry), whitespace, tool_choice, dialect, tuple(special_tokens), tuple(relax), closed)
+
+
+def turn_grammar_gbnf(
+    fmt: AgentFormat | str,
+    registry: ToolRegistry | Iterable[Tool] = (),
+    *,
+    whitespace: str = "compact",
+    tool_choice: ToolChoice = "auto",
+    relax: Sequence[str] = (),
+    closed: bool = True,
+) -> str:
+    """The same turn grammar in xgrammar's EBNF (root rule ``root``; special tokens are text there)."""
+    return _build(fmt, _tools(registry), whitespace, tool_choice, "gbnf", (), tuple(relax), closed)
+
+
+def tool_call_grammar(
+    registry: ToolRegistry | Iterable[Tool],
+    *,
+    whitespace: str = "compact",
+    dialect: Dialect = "llguidance",
+    relax: Sequence[str] = (),
+    closed: bool = True,
+) -> str:
+    """Grammar of one call object ``{"name":…,"arguments":…}`` (what the drafter forces)."""
+    tools = _tools(registry)
+    if not tools:
+        raise ToolRegistryError("no tools registered: a tool call grammar needs at least one tool")
+    b = _Builder(dialect, closed=closed)
+    union = _call_union(b, tools, whitespace, tuple(relax))
+    b.rule(b.start, union)
+    return b.render()
+
+
+# -- building -------------------------------------------------------------------------------------
+
+
+def _tools(registry: ToolRegistry | Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(registry.tools) if isinstance(registry, ToolRegistry) else tuple(registry)
+
+
+def _build(fmt, tools, whitespace, tool_choice, dialect, special, relax, closed) -> str:
+    fmt = get_format(fmt)
+    if tool_choice not in ("auto", "required", "none", "call"):
+        raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or 'call', not {tool_choice!r}")
+    if fmt.layout is None:
+        raise FormatError(f"format {fmt.name!r} has no layout, so it has no turn grammar")
+    if not tools:
+        if tool_choice in ("required", "call") and fmt.layout != "code_agent":
+            raise ToolRegistryError(f"tool_choice='required' but no tools are registered (format {fmt.name!r})")
+        if fmt.layout != "code_agent":
+            tool_choice = "none"
+    if tool_choice == "call" and fmt.layout != "tool_calls":
+        tool_choice = "required"  # react / code turns have no call-only shape: require a call
+    b = _Builder(dialect, special, closed=closed)
+    avoid = tuple(m for k in fmt.kinds for m in k.open)
+    {"react": _react, "tool_calls": _tool_calls, "code_agent": _code}[fmt.layout](
+        b, fmt, tools, avoid, tool_choice, whitespace, relax
+    )
+    return b.render()
+
+
+def _tool_calls(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
+    kind = fmt.kind("tool_call")
+    text = b.text(avoid)
+    if choice == "none":
+        b.rule(b.start, f"{text}?")
+        return
+    union = _call_union(b, tools, whitespace, relax)
+    block = b.name("call_block")
+    b.rule(block, f'"\\n"? {union} "\\n"? {b.lit(kind.close[0])}')
+    rest = f"{block} ({b.ws_then(kind.open[0])} {block})* {b.ws()}?"
+    if choice == "call":  # the turn is tool calls from its first character
+        b.rule(b.start, f"{b.lit(kind.open[0])} {rest}")
+        return
+    calls = f"{b.text_then(avoid, kind.open[0])} {rest}"
+    b.rule(b.start, calls if choice == "required" else f"{text}? | {calls}")
+
+
+def _react(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
+    text = b.text(avoid)
+    steps = []
+    if choice != "none":
+        inp = fmt.kind("action_input").open[0]
+        calls = []
+        for i, tool in enumerate(tools):
+            args = _args_rule(b, i, tool, whitespace, relax)
+            call = b.name(f"react_call_{i}")
+            b.rule(call, f'{b.lit(tool.name)} "\\n" {b.lit(inp)} " "? {args}')
+            calls.append(call)
+        union = b.name("react_call")
+        b.rule(union, " | ".join(calls))
+        steps.append(f'{b.text_then(avoid, fmt.kind("action").open[0])} " "? {union} "\\n"?')
+    if choice != "required" and "final_answer" in fmt.kind_names and fmt.kind("final_answer").open:
+        steps.append(f"{b.text_then(avoid, fmt.kind('final_answer').open[0])} {text}?")
+    if not steps:
+        raise FormatError(f"format {fmt.name!r}: tool_choice={choice!r} leaves no way to end the turn")
+    thought = fmt.kind(fmt.initial)
+    head = f"{b.lit(thought.open[0])}? " if thought.open else ""
+    step = b.name("step")
+    b.rule(step, " | ".join(steps))
+    b.rule(b.start, f"{head}{step}")
+
+
+def _code(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
+    kind = fmt.kind("code")
+    text = b.text(avoid)
+    blocks = [
+        f"{b.text_then(avoid, op)} {b.text_then((cl,), cl)} {b.ws()}?" for op, cl in zip(kind.open, kind.close, strict=True)
+    ]
+    code = b.name("code_block")
+    b.rule(code, " | ".join(blocks))
+    b.rule(b.start, code if choice == "required" else f"{text}? | {code}")
+
+
+def _call_union(b, tools, whitespace, relax) -> str:
+    calls = []
+    for i, tool in enumerate(tools):
+        args = _args_rule(b, i, tool, whitespace, relax)
+        call = b.name(f"call_{i}")
+        head = '{"name":' + json.dumps(tool.name) + ',"arguments":'
+        b.rule(call, f'{b.lit(head)} {args} "}}"')
+        calls.append(call)
+    union = b.name("tool_call")
+    b.rule(union, " | ".join(calls))
+    return union
+
+
+def _args_rule(b, i: int, tool: Tool, whitespace: str, relax) -> str:
+    key = f"t{i}"
+    if key in b.schemas:
+        return b.schemas[key].root
+    schema = close_objects(tool.parameters) if b.closed else tool.parameters
+    params = json.dumps(schema)  # key order kept: it is the property order of the grammar
+    try:
+        rules = _schema_rules_cached(params, key, whitespace, tuple(sorted(relax)))
+    except SchemaNotSupported as exc:
+        base = str(exc).rsplit(" (at ", 1)[0]
+        raise type(exc)(f"tool {tool.name!r} parameters: {base}", exc.pointer) from exc
+    b.schemas[key] = rules
+    return rules.root
+
+
+def close_objects(schema):
+    """Objects that list `properties` and say nothing of `additionalProperties` get it false.
+
+    Tool arguments are closed records in practice (OpenAI strict mode, BFCL); closing them lets the
+    grammar force every key and the closing brace, which is what drafting lives on.
+    """
+    if isinstance(schema, list):
+        return [close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {k: close_objects(v) for k, v in value.items()}
+        elif key in ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems", "not"):
+            out[key] = close_objects(value)
+        else:
+            out[key] = value
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _schema_rules_cached(params: str, prefix: str, whitespace: str, relax: tuple) -> SchemaRules:
+    return schema_rules(json.loads(params), prefix, whitespace=whitespace, relax=relax)
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+class _Builder:
+    """Collects rules for one dialect; free-text lexemes are rendered per dialect."""
+
+    def __init__(self, dialect: Dialect, special: Sequence[str] = (), *, closed: bool = True):
+        self.dialect = dialect
+        self.closed = closed
+        self.special = set(special)
+        self.start = "root" if dialect == "gbnf" else "start"
+        self.rules: list[tuple[str, str]] = []
+        self.extra: list[str] = []
+        self.schemas: dict[str, SchemaRules] = {}
+        self._lexemes: dict[tuple, str] = {}
+        self._automata: dict[tuple[str, ...], str] = {}
+
+    def name(self, base: str) -> str:
+        return f"turn_{base}"
+
+    def rule(self, name: str, body: str) -> None:
+        self.rules.append((name, body))
+
+    def lit(self, text: str) -> str:
+        if text in self.special and self.dialect == "llguidance":
+            return text  # llguidance special-token syntax
+        return json.dumps(text, ensure_ascii=False)
+
+    def _lexeme(self, key: tuple, lark_regex: str, ll_expr: str, gbnf_body: str) -> str:
+        name = self._lexemes.get(key)
+        if name is None:
+            n = len(self._lexemes)
+            if self.dialect == "gbnf":
+                name = f"turn_text_{n}"
+                self.extra.append(f"{name} ::= {gbnf_body}")
+            else:
+                name = f"TURN_TEXT_{n}"
+                body = ll_expr if self.dialect == "llguidance" else f"/{lark_regex}/"
+                self.extra.append(f"{name}: {body}")
+            self._lexemes[key] = name
+        return name
+
+    def text(self, avoid: Sequence[str]) -> str:
+        """Non-empty text without any of `avoid` (use it with `?`)."""
+        avoid = self._plain(avoid)
+        alts = _alts(avoid)
+        return self._lexeme(
+            ("text", avoid),
+            f"(?:(?!{alts})[\\s\\S])+" if avoid else "[\\s\\S]+",
+            f"/(?s:.+)/ & ~/(?s:.*(?:{alts}).*)/" if avoid else "/(?s:.+)/",
+            self._automaton(avoid, nonempty=True),
+        )
+
+    def text_then(self, avoid: Sequence[str], marker: str) -> str:
+        """Text without any of `avoid` (maybe empty), then `marker`: one lexeme."""
+        if marker in self.special and self.dialect == "llguidance":
+            return f"{self.text(avoid)}? {marker}"
+        avoid = self._plain(avoid)
+        alts = _alts(avoid)
+        m = to_regex(Lit(marker))
+        return self._lexeme(
+            ("then", avoid, marker),
+            f"(?:(?!{alts})[\\s\\S])*{m}" if avoid else f"[\\s\\S]*?{m}",
+            f"/(?s:.*){m}/ & ~/(?s:.*(?:{alts}).+)/" if avoid else f"/(?s:.*){m}/",
+            f"{self._automaton(avoid, nonempty=False)} {self.lit(marker)}",
+        )
+
+    def ws_then(self, marker: str) -> str:
+        if marker in self.special and self.dialect == "llguidance":
+            return f"{self.ws()}? {marker}"
+        m = to_regex(Lit(marker))
+        return self._lexeme(("ws_then", marker), f"[ \\t\\n]*{m}", f"/[ \\t\\n]*{m}/",
+                            f"[ \\t\\n]* {self.lit(marker)}")
+
+    def ws(self) -> str:
+        return self._lexeme(("ws",), "[ \\t\\n]+", "/[ \\t\\n]+/", "[ \\t\\n]+")
+
+    def _plain(self, avoid: Sequence[str]) -> tuple[str, ...]:
+        return tuple(sorted({m for m in avoid if not (m in self.special and self.dialect == "llguidance")}))
+
+    def _automaton(self, avoid: tuple[str, ...], *, nonempty: bool) -> str:
+        """GBNF only: rules for text avoiding `avoid`; returns the start rule's name."""
+        if self.dialect != "gbnf":
+            return ""
+        base = self._automata.get(avoid)
+        if base is None:  # one set of state rules per marker set, with a nullable and a non-empty start
+            base = self._automata[avoid] = f"turn_safe_{len(self._automata)}"
+            self.extra.extend(_safe_text_gbnf(avoid, base))
+        return f"{base}_plus" if nonempty else f"{base}_star"
+
+    def render(self) -> str:
+        sep = " ::= " if self.dialect == "gbnf" else ": "
+        lines = [f"{name}{sep}{body}" for name, body in self.rules]
+        # the start rule first (xgrammar wants `root` first by convention, lark does not care)
+        start = [ln for ln in lines if ln.startswith(self.start + sep)]
+        lines = start + [ln for ln in lines if not ln.startswith(self.start + sep)] + self.extra
+        out = "\n".join(lines) + "\n"
+        for rules in self.schemas.values():
+            out += rules.gbnf if self.dialect == "gbnf" else rules.lark
+        return out
+
+
+def _alts(avoid: Sequence[str]) -> str:
+    return "|".join(to_regex(Lit(m)) for m in sorted(avoid, key=lambda s: (-len(s), s)))
+
+
+def _safe_text_gbnf(avoid: tuple[str, ...], base: str) -> list[str]:
+    """Right-linear rules of the automaton that reads text and dies on any marker of `avoid`.
+
+    `{base}_star` derives every text without a marker (the empty text too), `{base}_plus` the
+    non-empty ones. States are the proper prefixes of the markers (Aho-Corasick without output).
+    """
+    if not avoid:
+        raise ValueError("free text without markers to avoid has no automaton")
+    prefixes = sorted({m[:i] for m in avoid for i in range(len(m))}, key=lambda s: (len(s), s))
+    pset = set(prefixes)
+    alphabet = sorted({c for m in avoid for c in m})
+    state = {p: f"{base}_{i}" for i, p in enumerate(prefixes)}
+    state[""] = f"{base}_star"
+
+    def step(q: str, c: str) -> str | None:
+        s = q + c
+        if any(s.endswith(m) for m in avoid):
+            return None
+        return next(s[k:] for k in range(len(s) + 1) if s[k:] in pset)
+
+    def edges(q: str) -> list[str]:
+        by_target: dict[str, list[str]] = {}
+        not_root = []
+        for c in alphabet:
+            t = step(q, c)
+            if t != "":
+                not_root.append(c)
+            if t not in (None, ""):
+                by_target.setdefault(t, []).append(c)
+        out = [f"[^{_gbnf_class(not_root)}] {state['']}"]
+        out += [f"[{_gbnf_class(cs)}] {state[t]}" for t, cs in sorted(by_target.items())]
+        return out
+
+    empty = '""'
+    lines = [f"{state[q]} ::= {' | '.join([empty, *edges(q)])}" for q in prefixes]
+    lines.append(f"{base}_plus ::= {' | '.join(edges(''))}")
+    return lines
+
+
+def _gbnf_class(chars: Iterable[str]) -> str:
+    out = []
+    for c in chars:
+        if c in "\\]^-[":
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(c)
+    return "".join(out)

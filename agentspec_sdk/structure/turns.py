@@ -1,0 +1,140 @@
+"""Parse one model turn of a format into reasoning, tool calls, final answer and code."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.structure.formats import FENCE, AgentFormat, get_format
+from agentspec_sdk.structure.segmenter import Segmenter, Span
+
+
+class TurnParseError(AgentSpecError, ValueError):
+    """A model turn does not follow its format (malformed tool call JSON, missing name, …)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    reasoning: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    final_answer: str | None = None
+    code: str | None = None
+
+
+def parse_turn(fmt: AgentFormat | str, text: str) -> ParsedTurn:
+    """Split `text` (one model turn) by the format's segmenter and read each segment.
+
+    Text from the first environment-written segment on is not part of the model's turn and is
+    ignored. An unclosed last segment (generation stopped early) is read as far as it goes. A
+    format without a layout (free prose) has no calls: its text is the final answer.
+    """
+    fmt = get_format(fmt)
+    if fmt.layout is None:
+        return ParsedTurn("", [], text.strip())
+    seg = Segmenter(fmt)
+    seg.feed(text)
+    parts: list[tuple[Span, str]] = []
+    for span in seg.all_spans():
+        if fmt.kind(span.kind).writer == "env":
+            break
+        parts.append((span, text[span.start : span.end]))
+    return {"tool_calls": _tool_calls, "react": _react, "code_agent": _code}[fmt.layout](fmt, parts)
+
+
+def _strip_markers(fmt: AgentFormat, span: Span, body: str) -> str:
+    kind = fmt.kind(span.kind)
+    for i, op in enumerate(kind.open):
+        if body.startswith(op):
+            body = body[len(op) :]
+            if kind.close and body.endswith(kind.close[i]):
+                body = body[: -len(kind.close[i])]
+            break
+    return body
+
+
+def _reasoning(fmt: AgentFormat, parts) -> str:
+    texts = [_strip_markers(fmt, sp, body).strip() for sp, body in parts if sp.kind == fmt.initial]
+    return "\n".join(t for t in texts if t)
+
+
+def _tool_calls(fmt: AgentFormat, parts) -> ParsedTurn:
+    calls = []
+    for n, (sp, body) in enumerate(p for p in parts if p[0].kind == "tool_call"):
+        calls.append(_call_object(_strip_markers(fmt, sp, body), f"tool call #{n + 1} at offset {sp.start}"))
+    reasoning = _reasoning(fmt, parts)
+    if calls:
+        return ParsedTurn(reasoning, calls)
+    return ParsedTurn("", [], reasoning)
+
+
+def _react(fmt: AgentFormat, parts) -> ParsedTurn:
+    reasoning = _reasoning(fmt, parts)
+    names = [(sp, _strip_markers(fmt, sp, b).strip()) for sp, b in parts if sp.kind == "action"]
+    inputs = [(sp, _strip_markers(fmt, sp, b).strip()) for sp, b in parts if sp.kind == "action_input"]
+    finals = [_strip_markers(fmt, sp, b).strip() for sp, b in parts if sp.kind == "final_answer"]
+    calls = []
+    for i, (sp, name) in enumerate(names):
+        if not name:
+            raise TurnParseError(f"action at offset {sp.start} names no tool")
+        if i >= len(inputs):
+            raise TurnParseError(f"action {name!r} at offset {sp.start} has no action input")
+        isp, raw = inputs[i]
+        calls.append(ToolCall(name, _arguments(raw, f"action input of {name!r} at offset {isp.start}")))
+    return ParsedTurn(reasoning, calls, finals[-1] if finals else None)
+
+
+def _code(fmt: AgentFormat, parts) -> ParsedTurn:
+    reasoning = _reasoning(fmt, parts)
+    blocks = []
+    for sp, body in parts:
+        if sp.kind != "code":
+            continue
+        inner = _strip_markers(fmt, sp, body)
+        if body.startswith(FENCE):
+            info, nl, rest = inner.partition("\n")  # first line of a fence is its info string
+            inner = rest if nl and " " not in info.strip() else inner
+        blocks.append(inner.strip("\n"))
+    if blocks:
+        return ParsedTurn(reasoning, [], None, "\n\n".join(blocks))
+    return ParsedTurn("", [], reasoning, None)
+
+
+def _call_object(raw: str, where: str) -> ToolCall:
+    obj = _json(raw.strip(), where)
+    if not isinstance(obj, dict):
+        raise TurnParseError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise TurnParseError(f"{where}: missing or non-string 'name'")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
+        args = _json(args, f"{where}, arguments of {name!r}")
+    if not isinstance(args, dict):
+        raise TurnParseError(f"{where}: arguments of {name!r} must be a JSON object, got {type(args).__name__}")
+    return ToolCall(name, args)
+
+
+def _arguments(raw: str, where: str) -> dict[str, Any]:
+    obj = _json(raw, where)
+    if not isinstance(obj, dict):
+        raise TurnParseError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _json(raw: str, where: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        snippet = raw[max(0, exc.pos - 20) : exc.pos + 20]
+        raise TurnParseError(f"{where}: malformed JSON ({exc.msg} at char {exc.pos}: {snippet!r})") from None

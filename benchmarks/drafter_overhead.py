@@ -1,0 +1,215 @@
+"""Drafter cost and coverage on BFCL tool calls, without vLLM.
+
+Simulates greedy verification against a known target (the canonical tokenization of the BFCL ground
+truth call written in the tool-call grammar's serialisation): each step the drafter proposes, the
+draft's common prefix with the target is accepted, plus one token from the "target". Reports
+
+- coverage: share of call tokens that arrived as accepted draft tokens, per source (forced / lookup),
+  against llguidance's own `compute_ff_tokens` fed with the same tokens (the conservative baseline);
+- forward passes per call (tokens ÷ passes = ideal speedup from these drafts alone);
+- proposer time in µs per row per step at b=1 and b=8, and as a share of a decode step
+  (`--step-ms`, default from docs measured on this machine: 100 ms at b=1, 195 ms at b=8).
+
+    python benchmarks/drafter_overhead.py [--cases 35] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def bfcl_cases(per_category: int):
+    from agentspec_sdk.replay.bfcl import openai_tool, read_jsonl
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    cases = []
+    for cat in ("simple_python", "multiple", "live_multiple"):
+        questions = read_jsonl(f"BFCL_v4_{cat}.json")
+        answers = {a["id"]: a for a in read_jsonl(f"possible_answer/BFCL_v4_{cat}.json")}
+        taken = 0
+        for q in questions:
+            if taken >= per_category or q["id"] not in answers:
+                continue
+            try:
+                tools = [openai_tool(doc) for doc in q["function"]]
+                registry = ToolRegistry(tools)
+            except Exception:
+                continue
+            (name, args), = answers[q["id"]]["ground_truth"][0].items()
+            if name not in registry:
+                continue
+            props = registry.get(name).parameters.get("properties", {})
+            arguments = {}
+            for key in props:
+                options = args.get(key)
+                if options and options[0] != "":
+                    arguments[key] = options[0]
+            user = q["question"][0][-1]["content"]
+            cases.append({"id": q["id"], "tools": tools, "registry": registry, "user": user,
+                          "call": {"name": name, "arguments": arguments}})
+            taken += 1
+    return cases
+
+
+def serialise(call: dict, grammar: str, ll) -> str | None:
+    """The call in whichever JSON spacing the grammar accepts (None if none)."""
+    import llguidance
+
+    for seps in ((", ", ": "), (",", ":")):
+        text = json.dumps(call, ensure_ascii=False, separators=seps)
+        m = llguidance.LLMatcher(ll, grammar, log_level=0)
+        toks = ll.tokenize_str(text)
+        if m.try_consume_tokens(toks) == len(toks) and m.is_accepting():
+            return text
+    return None
+
+
+def ff_tokens_baseline(grammar: str, ll, call_tokens: list[int]) -> tuple[int, int]:
+    """(accepted forced tokens, passes) when drafting only llguidance's compute_ff_tokens."""
+    import llguidance
+
+    m = llguidance.LLMatcher(ll, grammar, log_level=0)
+    k = accepted = passes = 0
+    while k < len(call_tokens):
+        draft = m.compute_ff_tokens()
+        a = 0
+        while a < len(draft) and k + a < len(call_tokens) and draft[a] == call_tokens[k + a]:
+            a += 1
+        step = call_tokens[k:k + a + 1]
+        if m.try_consume_tokens(step) != len(step):
+            break
+        accepted += a
+        passes += 1
+        k += len(step)
+    return accepted, passes
+
+
+def simulate(drafter_cls, row_input, plan_cls, tok, case, grammar_fn, *, batch: int, lookup: bool,
+             gamma: int = 8):
+    from agentspec_sdk.replay.bfcl import system_prompt
+
+    plan = plan_cls(tools=case["tools"], gamma_max=gamma)
+    drafter = drafter_cls(plan, tok)
+    if not lookup:
+        drafter._lookup = lambda *a, **k: ("", "")
+    msgs = [{"role": "system", "content": system_prompt(case["tools"])},
+            {"role": "user", "content": case["user"]}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    body = serialise(case["call"], grammar_fn(case["registry"]), drafter.ll)
+    if body is None:
+        return None
+    out = f"<tool_call>{body}</tool_call><|im_end|>"
+    target = tok.encode(prompt + out)
+    start = len(tok.encode(prompt))
+    # b rows of the same call, staggered so they sit at different positions
+    ks = [start + (i * 3) % max(1, len(target) - start - 1) for i in range(batch)]
+    passes = [0] * batch
+    by_source: dict[str, int] = {}
+    steps_time = []
+    while any(k < len(target) for k in ks):
+        live = [i for i, k in enumerate(ks) if k < len(target)]
+        rows = [row_input(np.array(target[:ks[i]], dtype=np.int32)) for i in live]
+        t0 = time.perf_counter()
+        drafts = drafter.propose(rows)
+        steps_time.append((time.perf_counter() - t0, len(rows)))
+        for i, draft in zip(live, drafts, strict=True):
+            k = ks[i]
+            a = 0
+            while a < len(draft) and k + a < len(target) and draft[a] == target[k + a]:
+                a += 1
+            ks[i] = k + a + 1
+            passes[i] += 1
+    drafter.propose([row_input(np.array(target, dtype=np.int32))] * 1)
+    # the JSON object's tokens in the target (between <tool_call> and </tool_call>)
+    json_lo = len(tok.encode(prompt + "<tool_call>"))
+    json_hi = json_lo + len(tok.encode(body))
+    in_json = 0
+    for r in drafter.records:
+        by_source[r.source] = by_source.get(r.source, 0) + r.accepted
+        lo, hi = r.position, r.position + r.accepted
+        in_json += max(0, min(hi, json_hi) - max(lo, json_lo))
+    call_tokens = target[start:]
+    base_acc, base_passes = ff_tokens_baseline(
+        grammar_fn(case["registry"]), drafter.ll, tok.encode(body))
+    return {
+        "tokens": len(call_tokens), "passes": passes[0], "accepted": by_source,
+        "json_tokens": len(tok.encode(body)), "ff_baseline_accepted": base_acc, "accepted_in_json": in_json,
+        "us_per_row": [1e6 * t / n for t, n in steps_time[2:]],
+        "stats": drafter.stats(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=35, help="cases per BFCL category (3 categories)")
+    ap.add_argument("--step-ms", type=float, nargs=2, default=(100.0, 195.0),
+                    help="decode step time at b=1 and b=8 (ms) for the overhead ratio")
+    ap.add_argument("--gamma", type=int, default=8, help="gamma_max of the plan")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter, _tool_call_grammar
+    from agentspec_sdk.drafting.plan import DraftPlan
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    cases = bfcl_cases(args.cases)
+    report: dict = {"cases": 0, "gamma_max": args.gamma}
+    totals = dict.fromkeys(("tokens", "passes", "forced", "lookup", "forced_only", "forced_only_passes",
+                            "forced_only_json", "json_tokens", "ff_baseline"), 0)
+    us = {1: [], 8: []}
+    for case in cases:
+        full = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, _tool_call_grammar,
+                        batch=1, lookup=True, gamma=args.gamma)
+        if full is None:
+            continue
+        only = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, _tool_call_grammar,
+                        batch=1, lookup=False, gamma=args.gamma)
+        report["cases"] += 1
+        totals["tokens"] += full["tokens"]
+        totals["passes"] += full["passes"]
+        totals["forced"] += full["accepted"].get("forced", 0)
+        totals["lookup"] += full["accepted"].get("lookup", 0)
+        totals["forced_only"] += only["accepted"].get("forced", 0)
+        totals["forced_only_json"] += only["accepted_in_json"]
+        totals["forced_only_passes"] += only["passes"]
+        totals["json_tokens"] += full["json_tokens"]
+        totals["ff_baseline"] += full["ff_baseline_accepted"]
+        us[1].extend(full["us_per_row"])
+    for case in cases[:: max(1, len(cases) // 12)]:
+        res = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, _tool_call_grammar,
+                       batch=8, lookup=True, gamma=args.gamma)
+        if res:
+            us[8].extend(res["us_per_row"])
+    t = totals
+    report.update({
+        "call_tokens_mean": t["tokens"] / max(1, report["cases"]),
+        "coverage_forced_plus_lookup": (t["forced"] + t["lookup"]) / t["tokens"],
+        "coverage_forced_only": t["forced_only"] / t["tokens"],
+        "coverage_ff_tokens_baseline_json": t["ff_baseline"] / t["json_tokens"],
+        "coverage_forced_only_json": t["forced_only_json"] / t["json_tokens"],
+        "ideal_speedup_forced_plus_lookup": t["tokens"] / t["passes"],
+        "ideal_speedup_forced_only": t["tokens"] / t["forced_only_passes"],
+        "us_per_row_step_b1_median": statistics.median(us[1]),
+        "us_per_row_step_b8_median": statistics.median(us[8]) if us[8] else None,
+        "us_per_row_step_b1_p90": float(np.percentile(us[1], 90)),
+    })
+    report["overhead_share_b1"] = report["us_per_row_step_b1_median"] / (1000 * args.step_ms[0])
+    if us[8]:
+        report["overhead_share_b8"] = 8 * report["us_per_row_step_b8_median"] / (1000 * args.step_ms[1])
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    for key, value in report.items():
+        print(f"{key:40s} {value:.4g}" if isinstance(value, float) else f"{key:40s} {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Tool-call decoding speed: off vs ngram (γ = 2, 4, 8) vs structure, at b=1 and b=8, same engine settings.
+
+Each setting starts its own engine (same model, dtype, max_model_len, prefix caching, grammar backend),
+warms it (every prompt once with max_tokens=1: grammar compiled, prompt prefix cached), then decodes
+every BFCL prompt as a call-only tool turn at temperature 0, first one at a time (b=1), then in groups
+of 8 submitted together (b=8).
+
+    flock /tmp/agentspec-engine.lock python benchmarks/tool_calls.py --quick [--json out.json]
+
+Per setting and batch size: decode_tok_s (output tokens after the first, over the time from each
+group's first token to its last finish), e2e_s (mean per turn), mean_accepted_len (vLLM: 1 + accepted
+draft tokens per draft step), proposer_share (proposer seconds / engine step seconds), and how many
+outputs are token-identical to `off`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
+from agentspec_sdk.bfcl_data import tool_call_prompts
+
+BATCHES = (1, 8)
+
+
+def settings(gammas: list[int], structure_gamma: int) -> list[tuple[str, str, int]]:
+    out = [("off", "off", structure_gamma)]
+    out += [(f"ngram-g{g}", "ngram", g) for g in gammas]
+    out.append((f"structure-g{structure_gamma}", "structure", structure_gamma))
+    return out
+
+
+def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: dict) -> tuple[list, dict]:
+    started = time.perf_counter()
+    engine = Engine(speculation=mode, gamma_max=gamma, **engine_kwargs)
+    startup = time.perf_counter() - started
+    try:
+        def requests(n_tokens):
+            return [TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call", max_tokens=n_tokens,
+                                request_id=f"{p.id}") for p in prompts]
+
+        engine.generate(requests(1))  # warm-up: grammars compiled, prompt prefixes cached
+        rows, outputs = [], {}
+        for batch in BATCHES:
+            before = engine.stats()
+            reqs = requests(max_tokens)
+            tokens = 0
+            decode_s = 0.0
+            e2e = []
+            for i in range(0, len(reqs), batch):
+                group = engine.generate(reqs[i:i + batch])
+                bad = [r.error for r in group if r.error]
+                if bad:
+                    raise RuntimeError(f"{mode}: {bad[0]}")
+                first = min(r.timings["e2e_s"] - r.timings["decode_s"] for r in group)
+                last = max(r.timings["e2e_s"] for r in group)
+                decode_s += last - first
+                tokens += sum(max(len(r.token_ids) - 1, 0) for r in group)
+                e2e += [r.timings["e2e_s"] for r in group]
+                for r in group:
+                    outputs[(batch, r.request_id)] = r.token_ids
+            after = engine.stats()
+            drafts = after["vllm"]["num_drafts"] - before["vllm"]["num_drafts"]
+            accepted = after["vllm"]["num_accepted_tokens"] - before["vllm"]["num_accepted_tokens"]
+            drafted = after["vllm"]["num_draft_tokens"] - before["vllm"]["num_draft_tokens"]
+            step_s = after["step_s"] - before["step_s"]
+            prop_s = after["proposer"]["proposer_s"] - before["proposer"]["proposer_s"]
+            acc = {}
+            for cls, c in after["acceptance"].items():
+                b = before["acceptance"].get(cls, {"drafted": 0, "accepted": 0})
+                acc[cls] = {"drafted": c["drafted"] - b["drafted"], "accepted": c["accepted"] - b["accepted"]}
+            rows.append({
+                "mode": mode, "gamma": gamma if mode != "off" else 0, "batch": batch, "prompts": len(reqs),
+                "output_tokens": tokens, "decode_tok_s": tokens / decode_s if decode_s else 0.0,
+                "e2e_s": sum(e2e) / len(e2e), "mean_accepted_len": 1.0 + accepted / drafts if drafts else 1.0,
+                "draft_acceptance": accepted / drafted if drafted else 0.0,
+                "proposer_share": prop_s / step_s if step_s and mode == "structure" else None,
+                "acceptance_by_class": acc if mode == "structure" else None, "startup_s": startup,
+            })
+        return rows, outputs
+    finally:
+        engine.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--gammas", default="2,4,8", help="ngram draft lengths")
+    ap.add_argument("--structure-gamma", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="16 prompts, 64 tokens")
+    ap.add_argument("--only", default="", help="comma-separated setting names to run (default: all)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
+    args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.max_tokens = 16, 64
+    prompts = tool_call_prompts(args.prompts)
+    engine_kwargs = {"max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}
+    todo = settings([int(g) for g in args.gammas.split(",")], args.structure_gamma)
+    if args.only:
+        keep = set(args.only.split(","))
+        todo = [s for s in todo if s[0] in keep or s[0] == "off"]
+    rows, reference = [], None
+    for name, mode, gamma in todo:
+        print(f"== {name}", file=sys.stderr, flush=True)
+        got, outputs = run_setting(mode, gamma, prompts, args.max_tokens, engine_kwargs)
+        if mode == "off":
+            reference = outputs
+        for row in got:
+            row["setting"] = name
+            if reference is not None:
+                row["identical_to_off"] = sum(outputs[k] == reference.get(k) for k in outputs if k[0] == row["batch"])
+        rows += got
+    report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "engine": engine_kwargs, "results": rows,
+              "ratios": ratios(rows)}
+    print_table(report)
+    if args.json:
+        text = json.dumps(report, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+    return 0
+
+
+def ratios(rows: list[dict]) -> dict:
+    out = {}
+    for batch in BATCHES:
+        by = {r["setting"]: r["decode_tok_s"] for r in rows if r["batch"] == batch}
+        off = by.get("off")
+        structure = next((v for k, v in by.items() if k.startswith("structure")), None)
+        ngrams = [v for k, v in by.items() if k.startswith("ngram")]
+        if off and structure:
+            out[f"b{batch}_structure_over_off"] = structure / off
+        if ngrams and structure:
+            out[f"b{batch}_structure_over_best_ngram"] = structure / max(ngrams)
+    return out
+
+
+def print_table(report: dict) -> None:
+    print(f"\nBFCL tool calls: {report['prompts']} prompts, max_tokens {report['max_tokens']}, "
+          f"engine {report['engine']}")
+    print(f"{'setting':16s} {'b':>2s} {'tok/s':>8s} {'e2e_s':>7s} {'acc_len':>7s} {'acc%':>6s} "
+          f"{'prop%':>6s} {'same':>5s}")
+    for r in report["results"]:
+        prop = f"{100 * r['proposer_share']:.1f}" if r["proposer_share"] is not None else "-"
+        print(f"{r['setting']:16s} {r['batch']:>2d} {r['decode_tok_s']:8.1f} {r['e2e_s']:7.2f} "
+              f"{r['mean_accepted_len']:7.2f} {100 * r['draft_acceptance']:6.1f} {prop:>6s} "
+              f"{r.get('identical_to_off', '-')!s:>5s}")
+    for k, v in report["ratios"].items():
+        print(f"{k}: {v:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

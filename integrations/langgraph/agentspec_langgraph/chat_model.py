@@ -1,0 +1,452 @@
+"""`ChatAgentSpec`: a LangChain chat model whose turns run on an AgentSpec engine.
+
+The engine is the embedded `Engine` (vLLM in this process) or a `RemoteEngine` (a vLLM server through
+the OpenAI client); both offer `generate`, `agenerate` and `stream`. `bind_tools` registers the tools'
+schemas and turns on the grammar of the format's tool-call syntax, so every call the model writes
+names a bound tool and carries schema-valid arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from agentspec_langgraph import _sdk
+from agentspec_langgraph._sdk import AgentSpecError
+from agentspec_langgraph.messages import (
+    RAW_TEXT_KEY,
+    compact_json,
+    new_call_id,
+    parse_calls,
+    raw_record,
+    to_engine_messages,
+)
+from agentspec_langgraph.records import TurnRecord, acceptance_of, agent_key, current_config
+from agentspec_langgraph.tools import openai_tool, registry_from_tools, tools_key
+
+# Keys a caller (the middleware, `bind`, `invoke(..., **kw)`) may pass for one call.
+GRAMMAR = "agentspec_grammar"
+AGENT_ID = "agentspec_agent_id"
+RECORDER = "agentspec_recorder"
+_CALL_KEYS = {"tools", "tool_choice", GRAMMAR, AGENT_ID, RECORDER, "max_tokens", "temperature"}
+_NO_TOOLS = ("none",)
+_ANY_TOOL = ("any", "required")
+
+
+class ChatAgentSpec(BaseChatModel):
+    """A chat model backed by an AgentSpec engine.
+
+    - `engine`: an `agentspec_sdk.Engine` or `RemoteEngine` (anything with `generate`, `agenerate`,
+      `stream`; `register_tools`, `mark_idle`, `mark_active` are used when present).
+    - `fmt`: the agent format of tool-calling turns (`"tool_calls"` or `"react"`).
+    - `grammar`: Lark text forced on every turn instead of the one derived from the format and the
+      bound tools (`""` turns the grammar off). Without bound tools the turn grammar still applies:
+      text without the format's markers, so no call can be written.
+    - `agent_id`: the sequence this model's turns belong to (budget and accounting in the engine).
+    - `reasoning`: False makes a turn that must call a tool (tool_choice "required" / a tool name)
+      start with the call itself, no text before it (`tool_calls` format only; one call per turn).
+      Small models otherwise tend to talk until max_tokens instead of calling.
+    - `recorder`: called with a `TurnRecord` after every turn (the middleware sets one per call).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    engine: Any = Field(exclude=True)
+    fmt: str = "tool_calls"
+    max_tokens: int = 256
+    temperature: float = 0.0
+    grammar: str | None = None
+    agent_id: str | None = None
+    reasoning: bool = True
+    recorder: Callable[[TurnRecord], None] | None = Field(default=None, exclude=True)
+    model_name: str = "agentspec"
+
+    _registries: dict[tuple[str, str], Any] = PrivateAttr(default_factory=dict)
+    _registered: set[str] = PrivateAttr(default_factory=set)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "agentspec"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model_name": self.model_name, "fmt": self.fmt, "max_tokens": self.max_tokens}
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Register the tools with the engine and bind them: later turns follow the tool-call grammar.
+
+        `tool_choice`: None / "auto" (the model may call any bound tool or answer), "none" (no call:
+        text only), "any" / "required" / True (the turn must call one or more tools), a tool name or
+        `{"type": "function", "function": {"name": ...}}` (the turn must call that tool).
+        """
+        formatted = [openai_tool(t) for t in tools]
+        registry = self.registry_for(formatted)
+        self._register(formatted, registry)
+        _check_choice(tool_choice, formatted)
+        unknown = set(kwargs) - _CALL_KEYS
+        if unknown:
+            raise AgentSpecError(f"ChatAgentSpec.bind_tools got unknown settings {sorted(unknown)}")
+        return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def registry_for(self, tools: Sequence[dict[str, Any]]) -> Any:
+        """The ToolRegistry of these OpenAI tool dicts (cached: bind_tools runs on every agent step)."""
+        key = (self.fmt, tools_key(tools))
+        with self._lock:
+            found = self._registries.get(key)
+        if found is None:
+            found = registry_from_tools(tools)
+            with self._lock:
+                self._registries[key] = found
+        return found
+
+    def grammar_for(self, tools: Sequence[dict[str, Any]], tool_choice: Any = None) -> str:
+        """The turn grammar a call with these tools and this tool choice runs under."""
+        if self.grammar is not None:
+            return self.grammar
+        chosen = _chosen_tools(tools, tool_choice)
+        choice = _grammar_choice(tool_choice) if chosen else "none"
+        fmt = _sdk.get_format(self.fmt)
+        if choice == "required" and not self.reasoning:
+            return _call_only_grammar(fmt, self.registry_for(chosen))
+        return _sdk.turn_grammar(fmt, self.registry_for(chosen), tool_choice=choice)
+
+    def _register(self, tools: list[dict[str, Any]], registry: Any) -> None:
+        key = tools_key(tools)
+        register = getattr(self.engine, "register_tools", None)
+        with self._lock:
+            if key in self._registered or register is None:
+                return
+        register(registry)  # a name already registered with another schema: the engine says which
+        with self._lock:
+            self._registered.add(key)
+
+    # -- one turn ------------------------------------------------------------------------------
+
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
+        if stop:
+            raise AgentSpecError(
+                f"ChatAgentSpec does not take stop sequences (got {stop!r}); the turn ends where the "
+                f"format {self.fmt!r} hands over to the environment"
+            )
+        unknown = set(kwargs) - _CALL_KEYS
+        if unknown:
+            raise AgentSpecError(f"ChatAgentSpec got unknown call settings {sorted(unknown)}")
+        tools = [openai_tool(t) for t in kwargs.get("tools") or ()]
+        chosen = _chosen_tools(tools, kwargs.get("tool_choice"))
+        grammar = kwargs.get(GRAMMAR)
+        if grammar is None:
+            grammar = self.grammar_for(tools, kwargs.get("tool_choice"))
+        return _sdk.TurnRequest(
+            messages=to_engine_messages(messages, self.fmt),
+            fmt=self.fmt,
+            tools=self.registry_for(chosen),  # an empty registry, not None (None: every registered tool)
+            grammar=grammar,
+            max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            agent_id=kwargs.get(AGENT_ID) or agent_key(self.agent_id, current_config()),
+        )
+
+    def _message(self, result: Any, request: Any, kwargs: dict[str, Any]) -> AIMessage:
+        if result.error:
+            raise AgentSpecError(f"the engine failed request {result.request_id!r}: {result.error}")
+        content, calls, invalid = self._read(result.text, result.finish_reason, with_calls=len(request.tools) > 0)
+        message = AIMessage(
+            content=content,
+            tool_calls=calls,
+            invalid_tool_calls=invalid,
+            additional_kwargs={RAW_TEXT_KEY: raw_record(self.fmt, result.text, calls)},
+            response_metadata=self._metadata(result),
+            usage_metadata=_usage(result),
+        )
+        self._record(result, request, calls, kwargs)
+        return message
+
+    def _read(self, text: str, finish_reason: str | None, *, with_calls: bool) -> tuple[str, list, list]:
+        content = _content(self.fmt, text)
+        if not with_calls:
+            return content, [], []
+        try:
+            return content, parse_calls(self.fmt, text), []
+        except AgentSpecError as exc:  # a turn cut at max_tokens inside a call, or no grammar
+            cut = " (the turn hit max_tokens)" if finish_reason == "length" else ""
+            bad = {"name": None, "args": text, "id": new_call_id(), "error": f"{exc}{cut}", "type": "invalid_tool_call"}
+            return content, [], [bad]
+
+    def _metadata(self, result: Any) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "model_provider": "agentspec",
+            "finish_reason": result.finish_reason,
+            "request_id": result.request_id,
+            "acceptance": acceptance_of(result),
+            "timings": dict(getattr(result, "timings", None) or {}),
+        }
+
+    def _record(self, result: Any, request: Any, calls: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
+        recorder = kwargs.get(RECORDER) or self.recorder
+        if recorder is None:
+            return
+        usage = _usage(result)
+        recorder(
+            TurnRecord(
+                agent_id=request.agent_id,
+                request_id=result.request_id,
+                fmt=self.fmt,
+                tool_calls=tuple(c["name"] for c in calls),
+                acceptance=acceptance_of(result),
+                input_tokens=usage["input_tokens"],
+                output_tokens=usage["output_tokens"],
+                finish_reason=result.finish_reason,
+                timings=dict(getattr(result, "timings", None) or {}),
+            )
+        )
+
+    # -- LangChain entry points ----------------------------------------------------------------
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs)
+        result = self.engine.generate([request])[0]
+        return _chat_result(self._message(result, request, kwargs))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs)
+        result = await self.engine.agenerate(request)
+        return _chat_result(self._message(result, request, kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs)
+        streamer = _ContentStreamer(self.fmt)
+        result = None
+        for event in self.engine.stream(request):
+            result = getattr(event, "result", None) or result
+            delta = streamer.feed(event)
+            if delta:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if run_manager:
+                    run_manager.on_llm_new_token(delta, chunk=chunk)
+                yield chunk
+        tail = streamer.finish()
+        if tail:
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=tail))
+            if run_manager:
+                run_manager.on_llm_new_token(tail, chunk=chunk)
+            yield chunk
+        yield from self._final_chunks(result, request, kwargs)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs)
+        streamer = _ContentStreamer(self.fmt)
+        result = None
+        async for event in _events(self.engine, request):
+            result = getattr(event, "result", None) or result
+            delta = streamer.feed(event)
+            if delta:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if run_manager:
+                    await run_manager.on_llm_new_token(delta, chunk=chunk)
+                yield chunk
+        tail = streamer.finish()
+        if tail:
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=tail))
+            if run_manager:
+                await run_manager.on_llm_new_token(tail, chunk=chunk)
+            yield chunk
+        for chunk in self._final_chunks(result, request, kwargs):
+            yield chunk
+
+    def _final_chunks(self, result: Any, request: Any, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
+        """One chunk per tool call (whole: calls are only usable once closed), then usage/metadata."""
+        if result is None:
+            raise AgentSpecError("the engine's stream ended without a result")
+        message = self._message(result, request, kwargs)
+        for index, call in enumerate(message.tool_calls):
+            chunk = {"name": call["name"], "args": compact_json(call["args"]), "id": call["id"], "index": index}
+            yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                invalid_tool_calls=message.invalid_tool_calls,
+                additional_kwargs=message.additional_kwargs,
+                response_metadata=message.response_metadata,
+                usage_metadata=message.usage_metadata,
+                chunk_position="last",
+            )
+        )
+
+
+def _chat_result(message: AIMessage) -> ChatResult:
+    return ChatResult(
+        generations=[ChatGeneration(message=message)],
+        llm_output={"token_usage": dict(message.usage_metadata or {}), **message.response_metadata},
+    )
+
+
+def _usage(result: Any) -> dict[str, int]:
+    prompt = len(getattr(result, "prompt_token_ids", None) or ())
+    output = len(getattr(result, "token_ids", None) or ())
+    return {"input_tokens": prompt, "output_tokens": output, "total_tokens": prompt + output}
+
+
+def _is_tool_class(law_class: Any) -> bool:
+    return str(getattr(law_class, "value", law_class)) == "S"
+
+
+def _content(fmt: str, text: str) -> str:
+    """The message content: the turn's text outside schema-bound (S) segments, i.e. outside tool calls."""
+    segmenter = _sdk.Segmenter(_sdk.get_format(fmt))
+    segmenter.feed(text)
+    spans = list(segmenter.spans)
+    if segmenter.current is not None and segmenter.current not in spans:
+        spans.append(segmenter.current)
+    return "".join(text[s.start : s.end] for s in spans if not _is_tool_class(s.law_class)).strip()
+
+
+class _ContentStreamer:
+    """Stream events → content deltas: the text outside S segments, stripped at both ends.
+
+    The text is segmented here (not read from the events' labels), and text that may still turn out
+    to be a marker (``<tool_``) is held back until it is decided, so the streamed content equals
+    `_content` of the whole turn. Trailing whitespace is held back until more text follows.
+    """
+
+    def __init__(self, fmt: str) -> None:
+        self.seg = _sdk.Segmenter(_sdk.get_format(fmt))
+        self.text = ""
+        self.done = 0  # text[:done] has been classified
+        self.next_span = 0  # first closed span that may still reach past `done`
+        self.started = False
+        self.pending = ""
+
+    def feed(self, event: Any) -> str:
+        delta = getattr(event, "text_delta", "") or ""
+        if not delta:
+            return ""
+        self.text += delta
+        self.seg.feed(delta)
+        return self._release(len(self.seg) - len(self.seg.pending))
+
+    def finish(self) -> str:
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        spans = self.seg.spans
+        parts = []
+        for span in [*spans[self.next_span :], self.seg.current]:
+            lo, hi = max(span.start, self.done), min(span.end, upto)
+            if lo < hi and not _is_tool_class(span.law_class):
+                parts.append(self.text[lo:hi])
+        self.next_span = len(spans)
+        self.done = max(self.done, upto)
+        return self._strip("".join(parts))
+
+    def _strip(self, text: str) -> str:
+        if not self.started:
+            text = text.lstrip()
+            if not text:
+                return ""
+            self.started = True
+        text = self.pending + text
+        body = text.rstrip()
+        self.pending = text[len(body) :]
+        return body
+
+
+async def _events(engine: Any, request: Any) -> AsyncIterator[Any]:
+    """The engine's async stream when it has one, else its sync stream stepped on a worker thread."""
+    astream = getattr(engine, "astream", None)
+    if astream is not None:
+        async for event in astream(request):
+            yield event
+        return
+    iterator = iter(engine.stream(request))
+    done = object()
+    while True:
+        event = await asyncio.to_thread(next, iterator, done)
+        if event is done:
+            return
+        yield event
+
+
+def _chosen_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> list[dict[str, Any]]:
+    if not tools or tool_choice in _NO_TOOLS or tool_choice is False:
+        return []
+    name = _choice_name(tool_choice)
+    if name is None:
+        return list(tools)
+    return [t for t in tools if t["function"]["name"] == name]
+
+
+def _call_only_grammar(fmt: Any, registry: Any) -> str:
+    """One tool call and nothing else: the format's call markers around the SDK's call grammar."""
+    if fmt.name != "tool_calls":
+        raise AgentSpecError(f"reasoning=False needs the 'tool_calls' format, not {fmt.name!r}")
+    head, _, rules = _sdk.tool_call_grammar(registry).partition("\n")
+    if not head.startswith("start: "):
+        raise AgentSpecError(f"unexpected first line of the tool call grammar: {head!r}")
+    kind = fmt.kind("tool_call")
+    body = head.removeprefix("start: ")
+    return f"start: {json.dumps(kind.open[0])} {body} {json.dumps(kind.close[0])}\n{rules}"
+
+
+def _grammar_choice(tool_choice: Any) -> str:
+    if tool_choice in _ANY_TOOL or tool_choice is True or _choice_name(tool_choice) is not None:
+        return "required"
+    return "auto"
+
+
+def _choice_name(tool_choice: Any) -> str | None:
+    if isinstance(tool_choice, dict):
+        return (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    if isinstance(tool_choice, str) and tool_choice not in ("auto", *_NO_TOOLS, *_ANY_TOOL):
+        return tool_choice
+    return None
+
+
+def _check_choice(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> None:
+    name = _choice_name(tool_choice)
+    names = [t["function"]["name"] for t in tools]
+    if name is not None and name not in names:
+        raise AgentSpecError(f"tool_choice names tool {name!r}, which is not bound; bound tools: {names}")

@@ -1,0 +1,105 @@
+"""LangChain messages ↔ the engine's chat messages, in the text form of an agent format.
+
+The engine sees plain `{"role", "content"}` messages; it writes the format's instructions and the tool
+list into the system prompt and wraps tool results in the format's environment markers itself. An
+assistant turn that called tools is sent back exactly as the model wrote it (kept in
+`additional_kwargs["agentspec_text"]`, so the prompt prefix stays byte-identical and the prefix cache
+hits), or rendered in the format's canonical form when the message came from elsewhere or was edited.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from agentspec_langgraph import _sdk
+from agentspec_langgraph._sdk import AgentSpecError
+
+RAW_TEXT_KEY = "agentspec_text"
+TOOL_FORMATS = ("tool_calls", "react")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def render_assistant(fmt: Any, message: AIMessage) -> str:
+    """The text the model would have written for `message` in `fmt`."""
+    fmt = _sdk.get_format(fmt)
+    raw = message.additional_kwargs.get(RAW_TEXT_KEY)
+    # Reuse the model's own text unless the format changed or someone edited the tool calls since.
+    if isinstance(raw, dict) and raw.get("fmt") == fmt.name and raw.get("calls") == _call_pairs(message.tool_calls):
+        return raw["text"]
+    content = str(message.text)
+    calls = message.tool_calls
+    if not calls:
+        return f"Thought: {content}\nFinal Answer: {content}" if fmt.name == "react" and content else content
+    if fmt.name == "tool_calls":
+        body = "".join(
+            f"<tool_call>{compact_json({'name': c['name'], 'arguments': c['args']})}</tool_call>" for c in calls
+        )
+        return f"{content}\n{body}" if content else body
+    if fmt.name == "react":
+        c = calls[0]
+        return f"Thought: {content}\nAction: {c['name']}\nAction Input: {compact_json(c['args'])}\n"
+    raise AgentSpecError(f"format {fmt.name!r} has no tool-call syntax; tools need one of {list(TOOL_FORMATS)}")
+
+
+def to_engine_messages(messages: Sequence[BaseMessage], fmt: Any) -> list[dict[str, str]]:
+    """LangChain messages → engine messages (the engine adds the tool list and wraps tool results)."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        if isinstance(m, SystemMessage):
+            out.append({"role": "system", "content": str(m.text)})
+        elif isinstance(m, HumanMessage):
+            out.append({"role": "user", "content": str(m.text)})
+        elif isinstance(m, AIMessage):
+            out.append({"role": "assistant", "content": render_assistant(fmt, m)})
+        elif isinstance(m, ToolMessage):
+            out.append({"role": "tool", "content": str(m.text)})
+        elif isinstance(m, ChatMessage) and m.role in ROLES:
+            out.append({"role": m.role, "content": str(m.text)})
+        else:
+            raise AgentSpecError(
+                f"cannot send a {type(m).__name__} (role {getattr(m, 'role', m.type)!r}) to the engine; "
+                f"roles are {list(ROLES)}"
+            )
+    return out
+
+
+def parse_calls(fmt: Any, text: str) -> list[dict[str, Any]]:
+    """The tool calls of one model turn, as LangChain tool-call dicts with fresh ids.
+
+    Raises the SDK's parse error (naming the call and offset) when a call is malformed, e.g. cut
+    off at max_tokens.
+    """
+    parsed = _sdk.parse_turn(_sdk.get_format(fmt), text)
+    return [
+        {"name": call.name, "args": dict(call.arguments), "id": new_call_id(), "type": "tool_call"}
+        for call in parsed.tool_calls
+    ]
+
+
+def raw_record(fmt_name: str, text: str, calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What `additional_kwargs[RAW_TEXT_KEY]` holds: the model's text and the calls read from it."""
+    return {"fmt": fmt_name, "text": text, "calls": _call_pairs(calls)}
+
+
+def _call_pairs(calls: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    return [[c["name"], c["args"]] for c in calls]

@@ -1,0 +1,38 @@
+"""Shared fixtures. Real-engine fixtures start vLLM once per test session (≈40–70 s each on CPU).
+
+Engine tests are marked `@pytest.mark.engine` and must run under the engine lock:
+    flock /tmp/agentspec-engine.lock python -m pytest tests/test_x.py -q -m engine
+Both engines use the same settings, so outputs of `engine_off` and `engine_structure` are comparable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+ENGINE_SETTINGS = {"gamma_max": 8, "max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}
+
+
+def _start(speculation: str):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from agentspec_sdk.backends.vllm_engine import Engine
+
+    return Engine(speculation=speculation, **ENGINE_SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def engine_structure():
+    """The embedded engine with the structure proposer (one per session; tools register per request)."""
+    engine = _start("structure")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def engine_off():
+    """The same engine settings without speculation (the reference for token identity)."""
+    engine = _start("off")
+    yield engine
+    engine.close()

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentspec_sdk.drafting.budget import allocate, default_step_budget, fixed, predicted_saving
+from agentspec_sdk.errors import LawInputError
+
+alphas_st = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24)
+
+
+@settings(max_examples=200, deadline=None)
+@given(alphas=alphas_st, budget=st.integers(0, 64), gamma_max=st.integers(0, 12),
+       price=st.floats(0.0, 0.5))
+def test_total_within_budget_and_caps(alphas, budget, gamma_max, price):
+    out = allocate(alphas, price, budget, gamma_max)
+    assert out.sum() <= budget
+    assert np.all((out >= 0) & (out <= gamma_max))
+
+
+@settings(max_examples=200, deadline=None)
+@given(alphas=alphas_st, budget=st.integers(0, 64), price=st.floats(0.001, 0.5))
+def test_every_allocated_token_is_worth_its_price(alphas, budget, price):
+    out = allocate(alphas, price, budget, 8)
+    a = np.asarray(alphas)
+    given_rows = out > 0
+    assert np.all(a[given_rows] ** out[given_rows] >= price - 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(alphas=alphas_st, row=st.integers(0, 23), bump=st.floats(0.0, 1.0), budget=st.integers(0, 64))
+def test_monotone_in_alpha(alphas, row, bump, budget):
+    row %= len(alphas)
+    before = allocate(alphas, 0.05, budget, 8)
+    raised = list(alphas)
+    raised[row] = min(1.0, raised[row] + bump)
+    after = allocate(raised, 0.05, budget, 8)
+    assert after[row] >= before[row]
+
+
+def test_budget_goes_to_the_best_rows_first():
+    out = allocate([0.95, 0.5, 0.9], 0.05, 6, 8)
+    # top six values: .95 .9025 .9 .857 .8145 .81 → four tokens of row 0, two of row 2
+    assert out.tolist() == [4, 0, 2]
+
+
+def test_rows_capped_by_available_draft_length():
+    out = allocate([0.99, 0.99], 0.01, None, 8, [3, 0])
+    assert out.tolist() == [3, 0]
+
+
+def test_gate_zeroes_rows_with_negative_saving():
+    a = np.array([0.02, 0.9])
+    out = fixed(a, 0.1, 4)
+    assert out.tolist() == [0, 4]
+    assert predicted_saving(a[:1], np.array([4]), 0.1, 0.0)[0] < 0
+    assert fixed(a, 0.1, 4, gate=False).tolist() == [4, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(alphas=alphas_st, budget=st.integers(0, 64), price=st.floats(0.0, 0.5))
+def test_greedy_allocation_never_gives_a_row_negative_predicted_saving(alphas, budget, price):
+    out = allocate(alphas, price, budget, 8)
+    given_rows = out > 0
+    s = predicted_saving(np.asarray(alphas)[given_rows], out[given_rows], price, 0.0)
+    assert np.all(s >= -1e-9)
+
+
+def test_low_alpha_rows_get_nothing_even_with_budget():
+    assert allocate([0.01, 0.04], 0.05, 100, 8).tolist() == [0, 0]
+
+
+def test_default_step_budget_rule():
+    assert default_step_budget(0.02, 0.0, 8) == 50
+    assert default_step_budget(0.5, 0.25, 8) == 8  # never below gamma_max
+    with pytest.raises(LawInputError):
+        default_step_budget(-1.0, 0.0, 8)
+
+
+def test_bad_arguments_name_the_problem():
+    with pytest.raises(LawInputError, match="max_len_per_row"):
+        allocate([0.5, 0.5], 0.05, 4, 8, [1])
+    with pytest.raises(LawInputError, match="step_budget"):
+        allocate([0.5], 0.05, -1, 8)

@@ -1,0 +1,97 @@
+"""`agentspec demo --quick` end to end on the real engine (a subprocess: vLLM needs its own process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentspec_sdk import law
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, json.loads((out / "report.json").read_text()), proc.stdout
+
+
+@pytest.mark.engine
+def test_demo_writes_report_table_and_plots(demo_report):
+    out, rep, stdout = demo_report
+    assert rep["schema"] == "agentspec-report/1" and rep["partial"] is False
+    assert {p.name for p in out.iterdir()} >= {"report.json", "report.md", "tau_by_class.png",
+                                               "saving_vs_schema_share.png"}
+    assert "| D | structure |" in stdout and "Verdicts" in stdout
+    assert set(rep["speedup"]["D"]) == {"off", "structure"}
+    assert rep["speedup"]["D"]["off"]["decode"] == pytest.approx(1.0)
+    assert [v["name"] for v in rep["verdicts"]] == ["P1", "R1", "R2", "R3", "R4"]
+    for key in ("platform", "versions", "model", "seed"):
+        assert key in rep["meta"]
+
+
+@pytest.mark.engine
+def test_demo_report_is_internally_consistent(demo_report):
+    _, rep, _ = demo_report
+    for run in rep["runs"]:
+        assert run["turns"] > 0 and run["errors"] == 0
+        assert 0 <= run["accepted"] <= run["drafted"]
+        classes = run["by_class"].values()
+        for field in ("tokens", "drafted", "accepted", "rounds"):
+            total = run["output_tokens"] if field == "tokens" else run[field]
+            assert sum(c[field] for c in classes) == total, (run["mode"], field)
+        for c in classes:
+            assert c["accepted"] <= c["drafted"]
+        if run["mode"] == "off":
+            assert run["drafted"] == 0
+    structure = next(r for r in rep["runs"] if r["mode"] == "structure")
+    assert structure["drafted"] > 0 and structure["by_class"]["S"]["tokens"] > 0
+    assert structure["w"]["S"] == pytest.approx(structure["by_class"]["S"]["tokens"] / structure["output_tokens"])
+
+
+@pytest.mark.engine
+def test_demo_law_prediction_recomputes(demo_report):
+    _, rep, _ = demo_report
+    fit, lw = rep["law_fit"], rep["law"]
+    assert lw["kappa"] == fit["kappa"] and lw["rho_s"] == fit["rho"]["S"]
+    structure = next(r for r in rep["runs"] if r["mode"] == "structure")
+    pred = structure["predicted"]
+    params = law.LawParams(fit["kappa"], fit["delta"], fit["d"])
+    w = {c: structure["w"][c] or 0.0 for c in "SRF"}
+    mix = law.ClassMix(w, fit["rho"])
+    t = float(law.tau(pred["gamma"], law.eps_bar(params, mix)))
+    assert pred["tau"] == pytest.approx(t)
+    assert pred["saving"] == pytest.approx(float(law.saving(pred["gamma"], t, fit["delta"], fit["d"])))
+    # rho of a class fitted without entropies is its per-position acceptance from the records
+    s = fit["acceptance"]["S"]
+    assert s["accepted"] <= s["drafted"] and fit["rho"]["S"] == pytest.approx(max(s["alpha"], 1e-3))
+    assert rep["lossless"]["compared"] > 0
+
+
+@pytest.mark.engine
+def test_ctrl_c_leaves_a_valid_partial_report(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "demo"
+    cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (out / "report.json").exists():  # written once the first engine (off) is done
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no report after 600 s"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["partial"] is True and rep["runs"][0]["mode"] == "off" and rep["runs"][0]["turns"] > 0
+    assert "PARTIAL" in (out / "report.md").read_text()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]

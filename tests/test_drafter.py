@@ -1,0 +1,270 @@
+import json
+import time
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.drafting import drafter as drafter_mod
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
+from agentspec_sdk.drafting.plan import DraftPlan, PlanError
+from agentspec_sdk.drafting.text import HistoryText, TokenBytes
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model())
+
+
+def _prompt(tok, user):
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": user}]
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def _accepted(draft, truth):
+    n = 0
+    for a, b in zip(draft, truth, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+# -- fingerprint ------------------------------------------------------------------------------
+
+def test_prefix_hashes_agree_with_the_rolling_hash():
+    ids = np.random.default_rng(0).integers(0, 50_000, 300)
+    h = prefix_hashes(ids)
+    r = RollingHash()
+    for i, t in enumerate(ids):
+        assert r.extend([t]) == int(h[i])
+    assert prefix_hash(ids, 17) == int(h[16])
+    whole = RollingHash.of(ids[:100])
+    assert whole.value == int(h[99]) and whole.extend(ids[100:]) == int(h[-1])
+    assert prefix_hash(ids[:0]) == 0
+    assert prefix_hashes([1, 2]).tolist() != prefix_hashes([2, 1]).tolist()
+
+
+# -- detokenisation ---------------------------------------------------------------------------
+
+def test_history_text_handles_split_utf8_characters(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    text = '도시 "서울" 날씨 ☀️ ok'
+    ids = tok.encode(text)
+    assert len(ids) > len(text.split())  # multi-byte characters are split over several tokens
+    hist = HistoryText(drafter.token_bytes)
+    for t in ids:
+        hist.extend([t])
+    assert hist.text == text
+    assert hist.char_end[-1] == len(text)
+    assert all(a <= b for a, b in zip(hist.char_end, hist.char_end[1:], strict=False))
+    assert isinstance(drafter.token_bytes, TokenBytes)
+
+
+# -- rows that change between steps ------------------------------------------------------------
+
+def test_rows_reordered_keep_their_state_and_resolve_their_drafts(tok):
+    plan = DraftPlan(tools=[])
+    drafter = StructureDrafter(plan, tok)
+    a = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                   + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    b = tok.encode(_prompt(tok, "Look up Quasimodo Pemberton Street for me.")
+                   + '<tool_call>{"name": "look", "arguments": {"q": "Quasimodo Pemb')
+    da, db = drafter.propose([RowInput(np.array(a)), RowInput(np.array(b))])
+    assert da and db
+    assert drafter.pending_draft(0).tokens == da and drafter.pending_draft(1).position == len(b)
+    assert drafter.pending_draft(2) is None
+    # next step: rows swapped; row a accepted its whole draft (+1 bonus token), row b nothing
+    a2 = a + da + [tok.encode("X")[0]]
+    b2 = b + [tok.encode("!")[0]]
+    drafter.propose([RowInput(np.array(b2)), RowInput(np.array(a2))])
+    stats = drafter.stats()
+    assert stats["rebuilds"] == 2 and stats["errors"] == 0
+    by_pos = {r.position: r for r in drafter.records}
+    assert by_pos[len(a)].accepted == len(da) and by_pos[len(a)].drafted == len(da)
+    assert by_pos[len(b)].accepted == 0 and by_pos[len(b)].drafted == len(db)
+    assert by_pos[len(a)].prefix_hash == int(prefix_hashes(a2)[len(a) - 1])
+    assert by_pos[len(a)].law_class == "S" and by_pos[len(a)].kind == "tool_call"
+
+
+def test_replaced_row_is_rebuilt_and_its_old_draft_dropped(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    a = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                   + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    assert drafter.propose([RowInput(np.array(a))])[0]
+    # a new request that happens to share the old row's whole history plus a long new turn
+    c = a + tok.encode('avista"}}</tool_call><|im_end|>\n<|im_start|>user\nthanks<|im_end|>\n'
+                       '<|im_start|>assistant\n')
+    drafter.propose([RowInput(np.array(c))])
+    stats = drafter.stats()
+    assert stats["rebuilds"] == 2 and stats["dropped"] == 1 and drafter.records == []
+
+
+def test_undraftable_rows_get_nothing_and_keep_state(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    a = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                   + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    assert drafter.propose([RowInput(np.array(a + [0, 0]), num_tokens=len(a), draftable=False)]) == [[]]
+    assert drafter.propose([RowInput(np.array(a + [0, 0]), num_tokens=len(a))])[0]
+
+
+# -- accounting -------------------------------------------------------------------------------
+
+def test_accounting_follows_a_simulated_acceptance_sequence(tok, tmp_path):
+    """Greedy verification simulated against a fixed target output: the drafter's records must equal
+    the acceptance computed here, and records land in the JSONL file."""
+    path = tmp_path / "rounds.jsonl"
+    drafter = StructureDrafter(DraftPlan(tools=[], records_path=str(path)), tok)
+    prompt = _prompt(tok, "Send the report to Wilhelmina Oyelaran-Thistlewood at 9 Elmstead Crescent.")
+    out = ('<tool_call>{"name": "send", "arguments": {"to": "Wilhelmina Oyelaran-Thistlewood", '
+           '"address": "9 Elmstead Crescent"}}</tool_call><|im_end|>')
+    target = tok.encode(prompt + out)
+    k = len(tok.encode(prompt)) + 1
+    expected = []
+    while k < len(target):
+        draft = drafter.propose([RowInput(np.array(target[:k]))])[0]
+        acc = _accepted(draft, target[k:])
+        if draft and k + acc + 1 <= len(target):
+            expected.append((k, len(draft), acc))
+        k += acc + 1
+    drafter.propose([RowInput(np.array(target))])
+    got = [(r.position, r.drafted, r.accepted) for r in drafter.records]
+    assert got == expected[: len(got)] and len(got) >= len(expected) - 1
+    assert sum(r.accepted for r in drafter.records) > 0
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    rounds = [x for x in lines if x["type"] == "round"]
+    steps = [x for x in lines if x["type"] == "step"]
+    assert [(x["position"], x["drafted"], x["accepted"]) for x in rounds] == got
+    assert len(steps) == drafter.stats()["steps"] and all(x["proposer_s"] >= 0 for x in steps)
+    stats = drafter.stats()
+    assert stats["by_class"]["S"]["accepted"] == sum(r.accepted for r in drafter.records
+                                                     if r.law_class == "S")
+    drafter.reset_stats()
+    assert drafter.records == [] and drafter.stats()["steps"] == 0
+
+
+def test_acceptance_estimate_learns_from_rounds(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    acc = drafter.accounting.acceptance
+    before = acc.alpha("S", "lookup")
+    from agentspec_sdk.drafting.records import DraftRound
+
+    for _ in range(30):
+        drafter.accounting.add(DraftRound(0, 0, "tool_call", "S", "lookup", 4, 0))
+    assert acc.alpha("S", "lookup") < before / 2
+
+
+# -- robustness -------------------------------------------------------------------------------
+
+def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    good = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                      + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    bad = good[:-3] + [999_999_999]  # not a token id of this vocabulary; the fake below raises on it
+    monkeypatch.setattr(drafter_mod._Row, "__init__", _raising_init(drafter_mod._Row.__init__))
+    out = drafter.propose([RowInput(np.array(bad)), RowInput(np.array(good))])
+    assert out[0] == [] and out[1]
+    assert drafter.stats()["errors"] == 1
+
+
+def _raising_init(real):
+    def init(self, drafter, ids):
+        if int(ids[-1]) == 999_999_999:
+            raise RuntimeError("boom")
+        real(self, drafter, ids)
+    return init
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+def test_plan_round_trips_and_rejects_bad_fields(tmp_path):
+    plan = DraftPlan(tools=TOOLS, gamma_max=5, step_budget=12)
+    path = plan.save(tmp_path / "plan.json")
+    again = DraftPlan.load(path)
+    assert again.to_dict() == plan.to_dict() and again.version == 1
+    with pytest.raises(PlanError, match="gamma_max"):
+        DraftPlan(gamma_max=-1)
+    with pytest.raises(PlanError, match="unknown fields"):
+        DraftPlan.from_dict({"gama_max": 3})
+    with pytest.raises(PlanError, match="prior_acceptance"):
+        DraftPlan(prior_acceptance={"S": 1.5})
+    with pytest.raises(PlanError, match="not valid JSON"):
+        (tmp_path / "bad.json").write_text("{")
+        DraftPlan.load(tmp_path / "bad.json")
+
+
+def test_plan_from_env(tmp_path, monkeypatch):
+    path = DraftPlan(gamma_max=3).save(tmp_path / "p.json")
+    monkeypatch.setenv("AGENTSPEC_PLAN", str(path))
+    assert DraftPlan.from_env().gamma_max == 3
+    monkeypatch.delenv("AGENTSPEC_PLAN")
+    with pytest.raises(PlanError, match="AGENTSPEC_PLAN"):
+        DraftPlan.from_env()
+
+
+def test_drafter_reloads_a_changed_plan(tok, tmp_path):
+    path = DraftPlan(tools=[], gamma_max=8).save(tmp_path / "p.json")
+    drafter = StructureDrafter(DraftPlan.load(path), tok, plan_path=str(path))
+    ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown Riverside please.")
+                     + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    assert len(drafter.propose([RowInput(np.array(ids))])[0]) > 2
+    plan = DraftPlan.load(path)
+    plan.gamma_max = 2
+    time.sleep(0.01)
+    plan.save(path)
+    drafter._watcher._next = 0.0  # skip the 0.5 s poll interval
+    assert len(drafter.propose([RowInput(np.array(ids))])[0]) == 2
+    assert drafter.plan.version == 2
+
+
+def test_ablation_without_isolation_drafts_across_segments(tok):
+    prompt = _prompt(tok, "hi")
+    msgs_out = '<tool_call>{"name": "a", "arguments": {}}</tool_call>\nThen more text here.'
+    ids = tok.encode(prompt + msgs_out + ' <tool_call>{"name": "a", "arguments": {}}</tool')
+    iso = StructureDrafter(DraftPlan(tools=[]), tok).propose([RowInput(np.array(ids))])[0]
+    free = StructureDrafter(DraftPlan(tools=[], isolation=False), tok).propose([RowInput(np.array(ids))])[0]
+    assert tok.decode(iso) == "_call>"
+    assert tok.decode(free).startswith("_call>\nThen")
+
+
+def test_ablation_without_budget_drafts_fixed_lengths(tok):
+    ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown Riverside Marina please.")
+                     + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    capped = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3), tok)
+    assert len(capped.propose([RowInput(np.array(ids))])[0]) == 3
+    fixed = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3, budget=False), tok)
+    assert len(fixed.propose([RowInput(np.array(ids))])[0]) > 3
+
+
+def test_a_failing_step_drafts_nothing_and_is_counted(tok, monkeypatch):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                     + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+
+    def broken(*args, **kwargs):
+        raise ValueError("allocator failed")
+
+    monkeypatch.setattr(drafter_mod, "allocate", broken)
+    assert drafter.propose([RowInput(np.array(ids)), RowInput(np.array(ids[:-1]))]) == [[], []]
+    assert drafter.stats()["errors"] == 2
+
+
+def test_an_unsupported_tool_schema_disables_forcing_only(tok):
+    bad = {"type": "function", "function": {"name": "odd", "description": "", "parameters": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}
+    drafter = StructureDrafter(DraftPlan(tools=[bad]), tok)
+    assert "not" in drafter.stats()["grammar_error"]
+    ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                     + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    assert tok.decode(drafter.propose([RowInput(np.array(ids))])[0]).startswith("avista")

@@ -1,0 +1,174 @@
+import numpy as np
+import pytest
+
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.forced import CallMatcher, canonical_tokens
+from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+
+
+def _tool(name, props, required):
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
+        "type": "object", "properties": props, "required": required}}}
+
+
+WEATHER = _tool("get_weather", {"city": {"type": "string"},
+                                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                ["city", "unit"])
+TIME = _tool("get_time", {"tz": {"type": "string"}}, ["tz"])
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model())
+
+
+def _prompt(tok, user="What's the weather in Oslo, in fahrenheit?"):
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": user}]
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def _draft(drafter, tok, text):
+    ids = tok.encode(text)
+    return drafter.propose([RowInput(np.array(ids, dtype=np.int32))])[0]
+
+
+def test_call_opening_and_unique_tool_name_are_forced(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER], gamma_max=16), tok)
+    draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>"))
+    assert draft.startswith('{"name":"get_weather","arguments":{"')
+    assert '{"name":"get_weather","arguments":{"city":"'.startswith(draft)
+
+
+def test_shared_name_prefix_is_forced_up_to_the_choice(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME]), tok)
+    draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>"))
+    assert '{"name":"get_'.startswith(draft) and draft.startswith('{"name":"')
+    # once the prefix is unique the rest of the name and the next key follow
+    drafter.reset_stats()
+    rest = tok.decode(_draft(drafter, tok, _prompt(tok) + '<tool_call>{"name":"get_w'))
+    assert rest.startswith('eather","arguments":{"')
+
+
+def test_enum_completion_closes_the_call_and_stops_at_the_close_marker(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    text = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"f'
+    draft = tok.decode(_draft(drafter, tok, text))
+    assert draft == 'ahrenheit"}}</tool_call>'
+    assert drafter.records == []
+    assert drafter.stats()["errors"] == 0
+
+
+def test_after_a_finished_object_only_the_close_marker_is_drafted(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    text = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
+    assert tok.decode(_draft(drafter, tok, text)) == "</tool_call>"
+    assert tok.decode(_draft(drafter, tok, text + "\n")) == "</tool_call>"
+
+
+def test_newline_after_the_open_marker_is_allowed(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>\n"))
+    assert draft.startswith('{"name":"get_weather"')
+
+
+def test_text_outside_the_grammar_gets_no_forced_draft(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    draft = _draft(drafter, tok, _prompt(tok) + '<tool_call>{"tool": "x", ')
+    assert all(r.source != "forced" for r in drafter.records)
+    assert drafter.stats()["errors"] == 0
+    assert '"name"' not in tok.decode(draft)
+
+
+def test_forced_drafts_are_the_canonical_tokenization(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    text = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"f'
+    ids = tok.encode(text)
+    draft = drafter.propose([RowInput(np.array(ids))])[0]
+    assert tok.encode(text + tok.decode(draft)) == ids + draft
+
+
+def test_matcher_is_fed_incrementally_and_follows_a_changed_row(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    full = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
+    ids = tok.encode(full)
+    start = len(tok.encode(_prompt(tok) + "<tool_call>"))
+    matchers = set()
+    for k in range(start, len(ids)):
+        drafter.propose([RowInput(np.array(ids[:k]))])
+        row = drafter._rows[0]
+        matchers.add(id(row.call))
+    assert len(matchers) == 1  # one matcher for the whole segment, never rebuilt
+    assert drafter.stats()["rebuilds"] == 1
+    # a different row (another request) replaces it: fresh state, correct forced text
+    other = tok.encode(_prompt(tok, "Weather in Lima?") + '<tool_call>{"name":"get_weather","arguments":{"ci')
+    assert tok.decode(drafter.propose([RowInput(np.array(other))])[0]).startswith('ty":"')
+    assert drafter.stats()["rebuilds"] == 2
+
+
+def test_call_matcher_rolls_back_a_changed_tail(tok):
+    import llguidance.hf
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    m = CallMatcher(ll, tool_call_grammar([*_registry([WEATHER])]), "</tool_call>")
+    assert m.forced_text('{"name":"get_weather","arguments":{"ci') == 'ty":"'
+    # re-tokenizing the longer text changes the last token: the matcher rolls it back, not restarts
+    assert m.forced_text('{"name":"get_weather","arguments":{"city":"Oslo","unit":"c') == 'elsius"}}</tool_call>'
+    assert not m.dead
+
+
+def test_canonical_tokens_drop_a_possibly_merging_last_token(tok):
+    import llguidance.hf
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    emitted = tok.encode('{"a')
+    keep = canonical_tokens(ll, emitted, '{"a', '":"x', keep_last=True)
+    drop = canonical_tokens(ll, emitted, '{"a', '":"x', keep_last=False)
+    assert keep[:-1] == drop and tok.decode(keep) == '":"x'
+
+
+def _registry(tools):
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    return ToolRegistry(tools).tools
+
+
+def test_lookup_inside_a_call_is_trimmed_to_what_the_grammar_allows(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER], gamma_max=16), tok)
+    prompt = _prompt(tok, "Weather for San Francisco\nand then Lima")
+    draft = tok.decode(_draft(drafter, tok, prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
+    assert draft.startswith(" Francisco")
+    assert "\n" not in draft  # a raw newline cannot be inside a JSON string
+    unchecked = StructureDrafter(DraftPlan(tools=[], gamma_max=16), tok)
+    raw = tok.decode(_draft(unchecked, tok, prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
+    assert "\n" in raw
+
+
+def _react_prompt(tok):
+    msgs = [{"role": "system", "content": "Answer with Thought:, Action:, Action Input: and wait for "
+                                          "Observation:."},
+            {"role": "user", "content": "What's the weather in Oslo, in fahrenheit?"}]
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def test_react_action_name_and_action_input_are_forced(tok):
+    drafter = StructureDrafter(DraftPlan(formats=["react"], tools=[WEATHER, TIME], gamma_max=16), tok)
+    head = _react_prompt(tok) + "Thought: I need the weather.\nAction: get_w"
+    assert tok.decode(_draft(drafter, tok, head)) == "eather\n"  # stops before "Action Input:"
+    text = head + 'eather\nAction Input: {"city":"Oslo","unit":"f'
+    assert tok.decode(_draft(drafter, tok, text)) == 'ahrenheit"}'  # not the call wrapper's "}"
+    other = _react_prompt(tok) + 'Thought: time.\nAction: get_time\nAction Input: '
+    assert tok.decode(_draft(drafter, tok, other)).startswith('{"tz":"')
+    assert drafter.stats()["errors"] == 0
+
+
+def test_json_value_end():
+    from agentspec_sdk.drafting.forced import json_value_end
+
+    assert json_value_end('{"a":"}{","b":[1,{}]}}') == 21
+    assert json_value_end('{"a":"\\"}"') is None

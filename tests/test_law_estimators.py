@@ -1,0 +1,186 @@
+"""Estimators recover the law's constants from synthetic measurements generated with known values."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.errors import LawInputError
+from agentspec_sdk.law import (
+    OnlineAcceptance,
+    RoundRecord,
+    acceptance_by_class,
+    entropy_from_logprobs,
+    fit_costs,
+    fit_kappa,
+    rho_from_entropies,
+    tau,
+    wilson_interval,
+)
+
+RHO = {"S": 0.95, "R": 0.6, "F": 0.4}
+
+
+def synthetic_rounds(rng, kappa, rho, n, gammas=(2, 4, 8, 16), sources=("model",)):
+    """Rounds whose accepted count is truncated-geometric with eps_c = kappa (1 - rho_c)."""
+    out = []
+    classes = list(rho)
+    for _ in range(n):
+        c = classes[rng.integers(len(classes))]
+        g = int(rng.choice(gammas))
+        ok = rng.random(g) < 1 - kappa * (1 - rho[c])
+        out.append(RoundRecord(c, str(rng.choice(sources)), g, int(np.cumprod(ok).sum())))
+    return out
+
+
+def test_round_record_roundtrips_through_json_and_checks_counts():
+    r = RoundRecord("S", "forced", 5, 3)
+    assert RoundRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert r.rejected and not RoundRecord("S", "lookup", 4, 4).rejected
+    with pytest.raises(LawInputError, match="accepted"):
+        RoundRecord("S", "model", 2, 3)
+    with pytest.raises(LawInputError, match="lacks field"):
+        RoundRecord.from_dict({"law_class": "S", "drafted": 1})
+
+
+def test_fit_kappa_recovers_kappa_within_its_interval():
+    rng = np.random.default_rng(11)
+    true_kappa = 0.8
+    fit = fit_kappa(synthetic_rounds(rng, true_kappa, RHO, 4000), RHO)
+    assert fit.ci_low < true_kappa < fit.ci_high
+    assert abs(fit.kappa - true_kappa) < 3 * fit.se
+    assert abs(fit.kappa - true_kappa) < 0.03  # stated error for 4000 rounds
+    assert fit.ci_high - fit.ci_low == pytest.approx(2 * 1.96 * fit.se, rel=0.15)
+    assert fit.classes == ("F", "R", "S")
+
+
+def test_fit_kappa_single_class_equals_the_geometric_mle():
+    rng = np.random.default_rng(3)
+    rho = {"F": 0.5}
+    recs = synthetic_rounds(rng, 0.7, rho, 500)
+    acc = sum(r.accepted for r in recs)
+    rej = sum(r.rejected for r in recs)
+    eps_hat = rej / (acc + rej)
+    assert fit_kappa(recs, rho).kappa == pytest.approx(eps_hat / 0.5, rel=1e-9)
+
+
+def test_fit_kappa_interval_coverage_over_seeds():
+    """The 95% profile-likelihood interval covers the true kappa in most of 40 replications."""
+    covered = 0
+    for seed in range(40):
+        rng = np.random.default_rng(1000 + seed)
+        fit = fit_kappa(synthetic_rounds(rng, 0.5, RHO, 300), RHO)
+        covered += fit.ci_low <= 0.5 <= fit.ci_high
+    assert covered >= 34  # binomial(40, 0.95): P(< 34) < 1%
+
+
+def test_fit_kappa_edge_cases():
+    assert fit_kappa([RoundRecord("S", "m", 4, 4)] * 10, RHO).kappa == 0.0
+    all_fail = fit_kappa([RoundRecord("F", "m", 4, 0)] * 10, RHO)
+    assert all_fail.kappa == pytest.approx(1 / 0.6)
+    with pytest.raises(LawInputError, match="no rho"):
+        fit_kappa([RoundRecord("X", "m", 4, 1)], RHO)
+    with pytest.raises(LawInputError, match="rho = 1"):
+        fit_kappa([RoundRecord("S", "m", 4, 1)], {"S": 1.0})
+    with pytest.raises(LawInputError, match="not identifiable"):
+        fit_kappa([RoundRecord("S", "m", 0, 0)], RHO)
+
+
+def test_acceptance_by_class_wilson_intervals_cover_truth():
+    rng = np.random.default_rng(5)
+    kappa = 0.8
+    acc = acceptance_by_class(synthetic_rounds(rng, kappa, RHO, 3000))
+    for c, rho in RHO.items():
+        alpha = 1 - kappa * (1 - rho)
+        a = acc[c]
+        assert a.ci_low < alpha < a.ci_high
+        assert a.alpha == pytest.approx(a.accepted / (a.accepted + a.rejections))
+        t, lo, hi = a.tau_at(8)
+        assert lo < float(tau(8, 1 - alpha)) < hi
+    by_source = acceptance_by_class(synthetic_rounds(rng, kappa, RHO, 300, sources=("forced", "model")),
+                                    key=lambda r: (r.law_class, r.source))
+    assert ("S", "forced") in by_source and by_source[("S", "forced")].law_class == "S/forced"
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_fit_costs_recovers_ct_delta_d():
+    rng = np.random.default_rng(42)
+    c_t, delta, d, steps = 0.025, 0.05, 0.02, 600
+    gamma = rng.integers(0, 17, steps)
+    forced = rng.binomial(gamma, 0.5)  # forced drafts cost the drafter nothing
+    n_verified = gamma + 1
+    n_drafted = gamma - forced
+    t = c_t * (1 + delta * gamma + d * n_drafted) * rng.lognormal(0.0, 0.02, steps)
+    fit = fit_costs(t, n_verified, n_drafted)
+    assert fit.c_t == pytest.approx(c_t, rel=0.01)
+    for est, se, true in ((fit.delta, fit.delta_se, delta), (fit.d, fit.d_se, d)):
+        assert abs(est - true) < 4 * se
+        assert abs(est - true) < 0.005  # stated error: 2% timing noise, 600 steps
+    assert fit.r2 > 0.9 and fit.row_cost is None
+
+
+def test_fit_costs_with_batches_reports_row_cost():
+    rng = np.random.default_rng(9)
+    steps = 800
+    rows = rng.integers(1, 9, steps)
+    extra = rng.integers(0, 8 * 8, steps)
+    drafted = rng.binomial(extra, 0.6)
+    t = 0.03 * (1 + 0.04 * extra + 0.015 * drafted + 0.1 * (rows - 1)) + rng.normal(0, 2e-4, steps)
+    fit = fit_costs(t, rows + extra, drafted, rows)
+    assert fit.delta == pytest.approx(0.04, abs=0.003)
+    assert fit.d == pytest.approx(0.015, abs=0.003)
+    assert fit.row_cost == pytest.approx(0.1, abs=0.01)
+
+
+def test_fit_costs_rejects_collinear_or_bad_data():
+    gamma = np.arange(1, 30) % 9 + 1
+    with pytest.raises(LawInputError, match="collinear"):
+        fit_costs(0.01 * (1 + 0.07 * gamma), gamma + 1, gamma)
+    with pytest.raises(LawInputError, match="equal length"):
+        fit_costs([1.0, 2.0], [1, 2, 3], [0, 1])
+    with pytest.raises(LawInputError, match="step_times > 0"):
+        fit_costs([-1.0, 1.0, 1.0, 1.0, 1.0], [1, 2, 3, 4, 5], [0, 1, 0, 1, 2])
+
+
+def test_rho_from_entropies_and_logprobs():
+    uniform = np.log(np.full((3, 4), 0.25))
+    np.testing.assert_allclose(entropy_from_logprobs(uniform), math.log(4))
+    with np.errstate(divide="ignore"):
+        peaked = np.log(np.array([[1.0, 0.0, 0.0]]))
+    assert entropy_from_logprobs(peaked)[0] == pytest.approx(0.0)
+    p = np.array([0.7, 0.2, 0.1])
+    assert entropy_from_logprobs(np.log(p))[0] == pytest.approx(-(p * np.log(p)).sum())
+    rho = rho_from_entropies({"S": [0.0, 0.1], "F": [2.0, 3.0]})
+    assert rho["S"] == pytest.approx(math.exp(-0.05)) and rho["F"] == pytest.approx(math.exp(-2.5))
+    with pytest.raises(LawInputError, match="no entropy"):
+        rho_from_entropies({"S": []})
+
+
+def test_online_acceptance_prior_then_data_then_forgetting():
+    online = OnlineAcceptance.from_law(0.8, RHO, prior_strength=4.0, decay=0.98)
+    assert online.alpha("S", "model") == pytest.approx(1 - 0.8 * 0.05)
+    assert online.alpha("unknown", "x") == pytest.approx(0.5)
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        g = 8
+        ok = rng.random(g) < 0.3
+        online.update("S", "model", g, int(np.cumprod(ok).sum()))
+    # effective memory ~ 50 rounds: the estimate is near 0.3 despite the optimistic prior
+    assert online.alpha("S", "model") == pytest.approx(0.3, abs=0.08)
+    # a source with no data of its own falls back to the class pooled over sources
+    assert online.alpha("S", "lookup") == pytest.approx(online.alpha("S", "model"))
+    for _ in range(400):
+        online.update("S", "model", 8, 8)
+    assert online.alpha("S", "model") > 0.95  # the old regime is forgotten
+    assert online.tau("S", "model", 8) == pytest.approx(float(tau(8, 1 - online.alpha("S", "model"))))
+    assert "S/model" in online.snapshot()
+    with pytest.raises(LawInputError):
+        online.update("S", "model", 2, 3)
+    with pytest.raises(LawInputError, match="decay"):
+        OnlineAcceptance(decay=0.0)

@@ -1,0 +1,105 @@
+"""Verdicts P1 and R1-R4 on synthetic measurements built to pass, to be rejected, and to be thin."""
+
+import json
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.law import (
+    ArmSaving,
+    ClassMix,
+    CompositionCheck,
+    LawParams,
+    RoundRecord,
+    acceptance_by_class,
+    composition_cost,
+    cost_ratio,
+    evaluate,
+    token_mismatches,
+    verdict_p1,
+    verdict_r1,
+    verdict_r2,
+    verdict_r3,
+    verdict_r4,
+    verdicts,
+)
+
+
+def rounds(rng, alpha_by_class, n_per_class, gamma=8):
+    out = []
+    for c, alpha in alpha_by_class.items():
+        for _ in range(n_per_class):
+            ok = rng.random(gamma) < alpha
+            out.append(RoundRecord(c, "model", gamma, int(np.cumprod(ok).sum())))
+    return out
+
+
+def test_p1_and_r1_pass_when_structure_orders_acceptance():
+    recs = rounds(np.random.default_rng(0), {"S": 0.95, "R": 0.7, "F": 0.4}, 400)
+    acc = acceptance_by_class(recs)
+    p1, r1 = verdict_p1(acc, 8), verdict_r1(acc, 8)
+    assert p1.status == "pass" and p1.passed and not p1.rejected
+    assert p1.numbers["tau_S_over_tau_F"] > 1.5
+    assert p1.numbers["classes"]["S"]["tau"] > p1.numbers["classes"]["R"]["tau"]
+    assert p1.numbers["S_F_intervals_separated"]
+    assert r1.status == "pass"
+    json.dumps([p1.to_dict(), r1.to_dict()])  # the numbers are JSON-able
+
+
+def test_p1_rejected_on_wrong_order_or_small_ratio_and_r1_rejects_the_law():
+    acc = acceptance_by_class(rounds(np.random.default_rng(1), {"S": 0.4, "R": 0.6, "F": 0.7}, 400))
+    assert verdict_p1(acc, 8).status == "rejected"
+    r1 = verdict_r1(acc, 8)
+    assert r1.rejected and "rejected" in r1.text
+    close = acceptance_by_class(rounds(np.random.default_rng(2), {"S": 0.72, "R": 0.7, "F": 0.68}, 400))
+    p1 = verdict_p1(close, 8)
+    assert p1.status == "rejected" and p1.numbers["tau_S_over_tau_F"] < 1.5
+    assert verdict_r1(close, 8).status == "pass"
+
+
+def test_p1_r1_insufficient_data():
+    acc = acceptance_by_class(rounds(np.random.default_rng(3), {"S": 0.9, "F": 0.5}, 400)
+                              + rounds(np.random.default_rng(4), {"R": 0.7}, 5))
+    p1 = verdict_p1(acc, 8)
+    assert p1.status == "insufficient data" and "R" in p1.text
+    assert verdict_r1(acc, 8).status == "pass"
+    assert verdict_r1({}, 8).status == "insufficient data"
+
+
+def test_r2_breakeven_model():
+    # arms whose measured saving is the law's own prediction pass
+    params = LawParams(0.8, 0.05, 0.02)
+    mix = ClassMix.from_shares(0.7, 0.2, 0.95, 0.6, 0.4)
+    predicted = evaluate(params, mix, 8).saving
+    assert verdict_r2([ArmSaving("B", 0.7, predicted), ArmSaving("A", 0.05, -0.1)]).status == "pass"
+    r2 = verdict_r2([ArmSaving("B", 0.7, -0.02), ArmSaving("D", 0.65, 0.1)])
+    assert r2.rejected and r2.numbers["losing_arms"] == ["B"]
+    assert verdict_r2([ArmSaving("A", 0.1, -0.3)]).status == "insufficient data"
+
+
+def test_r3_composition_residual():
+    ratio = float(cost_ratio(8, 4.0, 0.05, 0.02))
+    predicted = float(composition_cost(100.0, 300.0, h=0.5, c_hit=0.2, nu=1.1, cost_ratio_value=ratio))
+    ok = verdict_r3([CompositionCheck("b1", predicted, predicted * 1.10)])
+    assert ok.status == "pass" and ok.numbers["checks"][0]["residual"] == pytest.approx(0.1 / 1.1)
+    bad = verdict_r3([CompositionCheck("b1", predicted, predicted * 1.05),
+                      CompositionCheck("b8", predicted, predicted * 1.30)])
+    assert bad.rejected and bad.numbers["worst"] == "b8"
+    assert verdict_r3([]).status == "insufficient data"
+
+
+def test_r4_lossless():
+    compared, mismatched, first = token_mismatches([([1, 2, 3], [1, 2, 3]), ([4, 5], [4, 6]), ([7], [7, 8])])
+    assert (compared, mismatched) == (3, 2) and first == "output 1 at token 1"
+    r4 = verdict_r4(compared, mismatched, first)
+    assert r4.rejected and r4.numbers["first_mismatch"] == first
+    assert verdict_r4(10, 0).status == "pass"
+    assert verdict_r4(0, 0).status == "insufficient data"
+
+
+def test_verdicts_returns_all_five_in_order():
+    recs = rounds(np.random.default_rng(5), {"S": 0.95, "R": 0.7, "F": 0.4}, 100)
+    out = verdicts(recs, gamma=8, arms=[ArmSaving("B", 0.8, 0.3)], compared=4, mismatched=0)
+    assert [v.name for v in out] == ["P1", "R1", "R2", "R3", "R4"]
+    assert [v.status for v in out] == ["pass", "pass", "pass", "insufficient data", "pass"]
+    assert all(v.text for v in out)

@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.lookup import SEPARATOR, continuation, longest_match
+from agentspec_sdk.drafting.plan import DraftPlan
+
+
+@pytest.fixture(scope="module")
+def smollm_tokenizer():
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model())
+
+
+def test_longest_match_prefers_longest_then_most_recent():
+    corpus = "ab xyz-1 ab xyz-2 b xyz-3"
+    k, pos = longest_match("...ab xyz", corpus, len(corpus), 3, 64)
+    assert (k, corpus[pos + k:pos + k + 2]) == (6, "-2")
+    assert longest_match("qqq", corpus, len(corpus), 3, 64) == (0, -1)
+
+
+def test_match_must_end_before_end_bound():
+    text = "abcabc"
+    k, pos = longest_match(text, text, len(text) - 1, 3, 64)
+    assert (k, pos) == (3, 0)
+
+
+def test_continuation_stops_at_separator_and_prefers_earlier_corpus_on_ties():
+    first = "key: alpha" + SEPARATOR + "zzz"
+    second = "key: beta"
+    cont, follow, k = continuation("the key: ", [(first, len(first)), (second, len(second))], min_chars=3)
+    assert cont == "alpha" and follow == "" and k == 5
+    cont, follow, k = continuation("key: ", [(second, len(second))], min_chars=3, max_chars=2)
+    assert (cont, follow) == ("be", "ta")
+
+
+def _user_prompt(tok, text):
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": text}]
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def test_lookup_copies_an_argument_from_the_user_message(smollm_tokenizer):
+    tok = smollm_tokenizer
+    prompt = _user_prompt(tok, "Book a table at Trattoria Bellavista Downtown for four people.")
+    plan = DraftPlan(tools=[], gamma_max=8)  # no tools: no forced drafts, lookup only
+    drafter = StructureDrafter(plan, tok)
+    ids = tok.encode(prompt + '<tool_call>{"name": "book", "arguments": {"place": "Trattoria Bell')
+    draft = drafter.propose([RowInput(np.array(ids))])[0]
+    assert draft, "lookup found nothing"
+    assert tok.decode(draft).startswith("avista Downtown")
+    assert drafter.records == []  # nothing resolved yet
+
+
+def test_lookup_in_reasoning_does_not_read_the_user_message(smollm_tokenizer):
+    tok = smollm_tokenizer
+    prompt = _user_prompt(tok, "Book a table at Trattoria Bellavista Downtown for four people.")
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    ids = tok.encode(prompt + "I will book Trattoria Bell")
+    assert drafter.propose([RowInput(np.array(ids))]) == [[]]
+
+
+def test_lookup_reuses_an_earlier_tool_call_of_the_prompt(smollm_tokenizer):
+    tok = smollm_tokenizer
+    msgs = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": '<tool_call>{"name": "weather_lookup", "arguments": {"q": 1}}'
+                                             '</tool_call>'},
+            {"role": "user", "content": "again"}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    ids = tok.encode(prompt + '<tool_call>{"name": "weather_lo')
+    draft = drafter.propose([RowInput(np.array(ids))])[0]
+    text = tok.decode(draft)
+    assert text.startswith('okup", "arguments"'), text
+    assert "<|im_end|>" not in text

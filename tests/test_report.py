@@ -1,0 +1,199 @@
+"""Report aggregation, the law fit and its predictions, atomic writes and interrupted runs."""
+
+import json
+import types
+from concurrent.futures import Future
+
+import pytest
+
+from agentspec_sdk import law
+from agentspec_sdk.replay import loop
+from agentspec_sdk.replay.arms import Arm
+from agentspec_sdk.replay.loop import TurnLog
+from agentspec_sdk.replay.report import build_report, composition_checks, markdown, summarize, write_report
+from agentspec_sdk.replay.runner import EngineConfig, Plan, run_plan
+from agentspec_sdk.replay.trace import Episode, Turn
+
+
+def log(ep="e", seg=0, step=0, records=(), tokens=None, decode_s=1.0, prompt_hash="p", token_ids=None):
+    tokens = tokens or {"S": 6, "R": 3, "F": 1}
+    n = sum(tokens.values())
+    return TurnLog(episode=ep, segment=seg, step=step, text="x" * n, output_tokens=n, prompt_tokens=50,
+                   tokens_by_class=dict(tokens), acceptance={}, records=[dict(r) for r in records],
+                   timings={"decode_s": decode_s, "prefill_s": 0.2, "e2e_s": decode_s + 0.2},
+                   finish_reason="stop", error=None, token_ids=token_ids or list(range(n)), prompt_hash=prompt_hash)
+
+
+def rec(cls, drafted, accepted, source="forced"):
+    return {"law_class": cls, "kind": "k", "source": source, "drafted": drafted, "accepted": accepted, "position": 0}
+
+
+def spec_records():
+    return ([rec("S", 8, 8)] * 30 + [rec("S", 8, 5)] * 10 + [rec("R", 4, 2)] * 25 + [rec("R", 4, 4)] * 5
+            + [rec("F", 4, 0)] * 25 + [rec("F", 4, 1)] * 5)
+
+
+def test_summary_per_class_sums_equal_totals():
+    logs = [log(records=spec_records()[:40]), log(records=spec_records()[40:], seg=1)]
+    s = summarize(logs, arm="D", mode="structure", gamma=8, batch=8, wall_s=2.0)
+    for field in ("drafted", "accepted", "rounds"):
+        assert s[field] == sum(c[field] for c in s["by_class"].values())
+    assert s["output_tokens"] == sum(c["tokens"] for c in s["by_class"].values()) == 20
+    assert s["accepted"] <= s["drafted"]
+    assert s["w"]["S"] == pytest.approx(0.6)
+    assert s["decode_tok_s"] == pytest.approx(10.0) and s["e2e_tok_s"] == pytest.approx(10.0)
+    assert s["by_class"]["S"]["tau_mean"] == pytest.approx((30 * 8 + 10 * 5) / 40)
+
+
+def report_from(off_decode=2.0, spec_decode=1.0, mismatch=False):
+    off = [log(decode_s=off_decode, prompt_hash=f"p{i}") for i in range(4)]
+    spec = [log(decode_s=spec_decode, prompt_hash=f"p{i}", records=spec_records()[i::4],
+                token_ids=([99] * 10 if (mismatch and i == 2) else None)) for i in range(4)]
+    runs = [summarize(off, arm="D", mode="off", gamma=8, batch=8, wall_s=4 * off_decode),
+            summarize(spec, arm="D", mode="structure", gamma=8, batch=8, wall_s=4 * spec_decode)]
+    logs = {(("D", 8, 8, True), "off"): off, (("D", 8, 8, True), "structure"): spec}
+    return build_report(runs, logs, meta={"model": "fake"}, primary={"batch": 8, "gamma": 8})
+
+
+def test_report_structure_speedup_and_law():
+    rep = report_from()
+    assert rep["schema"] == "agentspec-report/1" and rep["partial"] is False
+    assert rep["speedup"]["D"]["structure"]["decode"] == pytest.approx(2.0)
+    assert rep["speedup"]["D"]["off"]["decode"] == pytest.approx(1.0)
+    assert {"w_s", "w_r", "rho_s", "rho_r", "rho_f", "kappa", "delta", "d", "gamma"} == set(rep["law"])
+    # tau_by_class comes from per-position acceptance: S accepted 290 of 290 + 10 rejections
+    s_points = rep["tau_by_class"]["S"]
+    assert s_points[0]["gamma"] == 8 and s_points[0]["alpha"] == pytest.approx(290 / 300)
+    # the prediction recomputed from the fitted parameters matches the report
+    lw = rep["law"]
+    run = next(r for r in rep["runs"] if r["mode"] == "structure")
+    mix = law.ClassMix.from_shares(lw["w_s"], lw["w_r"], lw["rho_s"], lw["rho_r"], lw["rho_f"])
+    eps = law.eps_bar(law.LawParams(lw["kappa"], lw["delta"], lw["d"]), mix)
+    g = run["predicted"]["gamma"]
+    assert g == round(run["drafted"] / run["rounds"])  # the mean drafted length, not gamma_max
+    assert run["predicted"]["tau"] == pytest.approx(float(law.tau(g, eps)))
+    assert run["predicted"]["saving"] == pytest.approx(float(law.saving(g, law.tau(g, eps), lw["delta"], lw["d"])))
+    names = [v["name"] for v in rep["verdicts"]]
+    assert names == ["P1", "R1", "R2", "R3", "R4"]
+    r1 = rep["verdicts"][1]
+    assert r1["status"] == "pass"  # S accepts far more than F in these records
+    assert rep["lossless"] == {"compared": 4, "mismatched": 0, "first_mismatch": None}
+    assert rep["measured"][0]["saving"] == pytest.approx(0.5)
+    assert "| D | structure | 8 | 8 | on | all |" in markdown(rep)
+
+
+def test_lossless_mismatch_rejects_r4():
+    rep = report_from(mismatch=True)
+    assert rep["lossless"]["mismatched"] == 1
+    r4 = next(v for v in rep["verdicts"] if v["name"] == "R4")
+    assert r4["status"] == "rejected" and "D/structure/e/0/0" in rep["lossless"]["first_mismatch"]
+
+
+def test_composition_check_from_four_cells():
+    def run(cache, mode, pre, dec):
+        return {"arm": "D", "batch": 8, "gamma": 8, "prefix_cache": cache, "mode": mode,
+                "prefill_s": pre, "decode_s": dec}
+
+    runs = [run(False, "off", 10, 20), run(True, "off", 2, 20), run(False, "structure", 10, 10),
+            run(True, "structure", 2, 10)]
+    (check,) = composition_checks(runs, 8)
+    assert check.predicted == pytest.approx(12.0) and check.measured == pytest.approx(12.0)
+    runs[-1]["decode_s"] = 20
+    assert composition_checks(runs, 8)[0].residual == pytest.approx(10 / 22)
+
+
+def test_write_report_is_atomic_and_plots(tmp_path):
+    rep = report_from()
+    paths = write_report(rep, tmp_path)
+    names = sorted(p.name for p in paths)
+    assert names == ["report.json", "report.md", "saving_vs_schema_share.png", "tau_by_class.png"]
+    assert json.loads((tmp_path / "report.json").read_text())["speedup"]["D"]["structure"]["decode"] == 2.0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    from agentspec_sdk.law.plots import read_report
+
+    assert read_report(tmp_path / "report.json")["law"] == rep["law"]
+
+
+class FakeEngine:
+    """Answers every request with a fixed text; raises KeyboardInterrupt after `interrupt_after`."""
+
+    def __init__(self, mode, interrupt_after=None):
+        self.mode, self.calls, self.interrupt_after, self.closed = mode, 0, interrupt_after, False
+
+    def submit(self, req):
+        self.calls += 1
+        fut = Future()
+        if self.interrupt_after is not None and self.calls > self.interrupt_after:
+            fut.set_exception(KeyboardInterrupt())
+            return fut
+        spec = self.mode != "off"
+        fut.set_result(types.SimpleNamespace(
+            text="hello world", token_ids=[1, 2, 3, 4], prompt_token_ids=[len(req["messages"])],
+            finish_reason="stop", error=None, spans=[{"start": 0, "end": 11, "law_class": "F"}],
+            records=[rec("F", 3, 1)] if spec else [], acceptance={},
+            timings={"decode_s": 0.1 if spec else 0.2, "prefill_s": 0.01, "e2e_s": 0.2}))
+        return fut
+
+    def generate(self, reqs):
+        return [self.submit(r).result() for r in reqs]
+
+    def mark_idle(self, agent):
+        pass
+
+    def mark_active(self, agent):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+class Tok:
+    def decode(self, ids):
+        return "xx"
+
+
+@pytest.fixture
+def fake_requests(monkeypatch):
+    monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
+    monkeypatch.setattr(loop, "parse_calls", lambda fmt, text: [])
+    import agentspec_sdk.replay.runner as runner
+
+    monkeypatch.setattr(runner, "_warm_up", lambda engine: None)
+
+
+def plan():
+    eps = [Episode(f"e{i}", {"name": "t"}, "sys", [], "prose", [Turn("user", f"q{i}")]) for i in range(4)]
+    return Plan(configs=[EngineConfig("off", 8), EngineConfig("structure", 8)],
+                arms=[Arm("A", eps, "", 16, 1)], batches=[2], primary={"batch": 2, "gamma": 8})
+
+
+def test_run_plan_with_fake_engine(tmp_path, fake_requests):
+    engines = []
+
+    def factory(p, cfg):
+        engines.append(FakeEngine(cfg.mode))
+        return engines[-1]
+
+    rep = run_plan(plan(), tmp_path, tokenizer=Tok(), engine_factory=factory, plots=False)
+    assert all(e.closed for e in engines) and len(engines) == 2
+    assert rep["partial"] is False and [r["mode"] for r in rep["runs"]] == ["off", "structure"]
+    assert rep["speedup"]["A"]["structure"]["decode"] == pytest.approx(2.0)
+    assert rep["lossless"]["compared"] == 4 and rep["lossless"]["mismatched"] == 0
+
+
+def test_interrupted_run_leaves_valid_partial_report(tmp_path, fake_requests):
+    engines = []
+
+    def factory(p, cfg):
+        engines.append(FakeEngine(cfg.mode, interrupt_after=None if cfg.mode == "off" else 1))
+        return engines[-1]
+
+    with pytest.raises(KeyboardInterrupt):
+        run_plan(plan(), tmp_path, tokenizer=Tok(), engine_factory=factory, plots=False)
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["partial"] is True
+    assert [r["mode"] for r in rep["runs"]] == ["off", "structure"]
+    assert rep["runs"][1]["interrupted"] is True and rep["runs"][0]["turns"] == 4
+    assert all(e.closed for e in engines)
+    assert "PARTIAL" in (tmp_path / "report.md").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -1,0 +1,306 @@
+"""JSON Schema → grammar: language exactness (python lark), both renderings on the real engines
+(llguidance and xgrammar with SmolLM2's tokenizer), prefixing/composition, policies, bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import lark
+import pytest
+
+from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
+from agentspec_sdk.structure.bfcl_schema import normalise_bfcl_schema
+from agentspec_sdk.structure.schema_compiler import (
+    canonical_literal,
+    compile_schema,
+    compile_schema_gbnf,
+    schema_rules,
+)
+
+
+def accepts(grammar: str, text: str) -> bool:
+    try:
+        lark.Lark(grammar).parse(text)
+        return True
+    except lark.exceptions.LarkError:
+        return False
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 5},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", 'b"c', 1.0, None]}, "maxItems": 2},
+        "score": {"type": "number", "exclusiveMinimum": 0},
+    },
+    "required": ["age"],
+    "additionalProperties": False,
+}
+
+CASES = [
+    (PERSON,
+     ['{"age":3}', '{"name":"bob","age":150,"tags":["a",1],"score":0.5}', '{"age":0,"tags":[]}',
+      '{"name":"b\\"\\\\","age":1}', '{"age":1,"score":1e3}' if False else '{"age":1,"score":10}'],
+     ['{"age":151}', '{"age":-1}', '{"name":"","age":1}', '{"name":"bobbie","age":1}', '{"age":1,"score":0}',
+      '{"age":1,"tags":["a","a","a"]}', '{"age":1,"x":1}', '{"age":1,"name":"bob"}', '{"age": 1}', '{"age":01}']),
+    ({"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "null"}], "items": False},
+     ["[]", "[true]", "[false,null]"], ["[null]", "[true,null,1]", "[true,]"]),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
+     ["[1,2]", "[1,2,-3]"], ["[]", "[1]", "[1,2,3,4]", "[1.5,2]"]),
+    ({"enum": ["x", 2, {"a": [1, True]}, None]},
+     ['"x"', "2", '{"a":[1,true]}', "null"], ['"y"', "2.5", '{"a":[1]}', "true"]),
+    ({"const": "Observation: x"}, ['"Observation: x"'], ['"Observation: y"']),
+    ({"type": ["string", "null"], "pattern": "^[a-z]+\\d?$"},
+     ['"abc"', '"ab1"', "null"], ['"ab12"', '"Abc"', '""', "1"]),
+    ({"type": "string", "pattern": 'a"b'}, ['"a\\"b"', '"xxa\\"byy"'], ['"ab"', '"a\\\\b"']),
+    ({"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "maxLength": 4}, ['"a"', '"ab_1"'], ['"ab_12"', '"1a"']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}},
+     ["{}", '{"a":1}', '{"a":1,"b":"x"}', '{"b":[{}]}', '{"ab":1}'], ['{"a":"x"}', '{"b":1,"a":1}', '{"a":1,"a":2}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}, "additionalProperties": False},
+     ["{}", '{"b":1}', '{"a":1,"c":2}', '{"a":1,"b":2,"c":3}'], ['{"c":1,"a":2}', '{,"b":1}', '{"a":1,}']),
+    ({"type": "object", "required": ["z"], "additionalProperties": {"type": "boolean"}},
+     ['{"z":true}', '{"z":false,"y":true}'], ["{}", '{"z":1}', '{"y":true,"z":true}']),
+    ({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}, "v": {"type": "integer"}}, "required": ["v"], "additionalProperties": False}},
+      "$ref": "#/$defs/node"},
+     ['{"next":{"v":2},"v":1}', '{"next":{"next":{"v":3},"v":2},"v":1}'], ['{"next":{},"v":1}']),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False,
+      "allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"a": {"minimum": 5}, "b": {"type": "string"}}}]},
+     ['{"a":5}', '{"a":9,"b":"x"}'], ['{"a":4}', '{"b":"x"}', '{"a":5,"c":1}', "[]"]),
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}], "additionalProperties": False},
+     ["[]", "1"], ['{"a":5}', "{}"]),
+    ({"anyOf": [{"type": "integer", "maximum": 3}, {"type": "string", "format": "date"}]},
+     ["3", "-7", '"2024-02-29"'], ["4", '"2024-13-01"', '"2024-1-01"']),
+    ({"oneOf": [{"type": "integer"}, {"type": "boolean"}]}, ["1", "true"], ['"x"']),
+    ({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "additionalProperties": False,
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     ['{"a":1}', '{"b":2}'], ["{}", '{"a":1,"b":2}']),
+    ({"type": "number", "minimum": 0.25, "exclusiveMaximum": 1.5},
+     ["0.25", "0.5", "1", "1.4999"], ["0.2499", "1.5", "2", "-0.3"]),
+    ({"type": "integer", "exclusiveMinimum": -20, "maximum": 1234},
+     ["-19", "0", "999", "1234"], ["-20", "1235", "-0", "1.0"]),
+    ({"type": "string", "format": "date-time"}, ['"2024-05-01T12:30:00Z"', '"2024-05-01T12:30:00.5+02:00"'], ['"2024-05-01 12:30:00"']),
+    ({"type": "string", "format": "uuid"}, ['"123e4567-e89b-12d3-a456-426614174000"'], ['"123e4567"']),
+    ({"type": "string", "format": "email"}, ['"a.b@example.com"'], ['"ab@"', '"a b@x.org"']),
+    ({"type": "string", "format": "ipv4"}, ['"192.168.0.255"'], ['"256.1.1.1"', '"1.2.3"']),
+    ({"type": "string", "format": "uri"}, ['"https://x.org/a?b=c"'], ['"no scheme"']),
+    ({"type": "string", "format": "time"}, ['"23:59:60Z"'], ['"24:00:00Z"']),
+    ({"type": "object", "patternProperties": {"^x-[a-z]+$": {"type": "integer"}}, "additionalProperties": False},
+     ["{}", '{"x-a":1,"x-bc":2}'], ['{"y":1}', '{"x-a":"1"}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1, "additionalProperties": False},
+     ['{"a":1}'], ["{}"]),
+    ({"type": "string", "nullable": True, "minLength": 2}, ['"ab"', "null"], ['"a"']),
+    ({"type": "string", "maxLength": 3}, ['"é日本"', '"\\n\\t\\u0001"'], ['"abcd"', '"\\u0041"', '"\\/"']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+      "dependencies": {"a": ["b"], "c": {"required": ["a"]}}, "additionalProperties": False},
+     ["{}", '{"b":1}', '{"a":1,"b":2}', '{"a":1,"b":1,"c":1}'], ['{"a":1}', '{"c":1}', '{"b":1,"c":1}']),
+    ({"type": "string", "format": "hostname"}, ['"api.example-1.com"'], ['"-bad.com"', '"a..b"']),
+]
+
+
+@pytest.mark.parametrize("schema, valid, invalid", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_grammar_matches_exactly_the_canonical_instances(schema, valid, invalid):
+    grammar = compile_schema(schema)
+    for text in valid:
+        assert accepts(grammar, text), f"{text} should be accepted by\n{grammar}"
+    for text in invalid:
+        assert not accepts(grammar, text), f"{text} should be rejected by\n{grammar}"
+
+
+def test_property_order_is_deterministic_and_follows_the_schema():
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": ["a", "b"]}
+    assert compile_schema(schema) == compile_schema(json.loads(json.dumps(schema)))
+    grammar = compile_schema(schema)
+    assert accepts(grammar, '{"b":1,"a":2}') and not accepts(grammar, '{"a":2,"b":1}')
+
+
+def test_flexible_whitespace_policy():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]}
+    grammar = compile_schema(schema, whitespace="flexible")
+    assert accepts(grammar, '{ "a" : [ 1 , 2 ] }') and accepts(grammar, '{"a":[]}') and accepts(grammar, '{\n  "a": [1]\n}')
+    assert not accepts(compile_schema(schema), '{ "a":[1]}')
+    with pytest.raises(ValueError, match="whitespace"):
+        compile_schema(schema, whitespace="pretty")
+
+
+def test_closed_objects_forbid_undeclared_keys():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts(compile_schema(schema), '{"a":1,"b":2}')
+    assert not accepts(compile_schema(schema, closed=True), '{"a":1,"b":2}')
+
+
+def test_relaxations_are_opt_in_and_named():
+    overlapping = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
+    with pytest.raises(SchemaNotSupported) as info:
+        compile_schema(overlapping)
+    assert info.value.pointer == "/oneOf"
+    assert accepts(compile_schema(overlapping, relax=["oneOf"]), "1.5")
+    unique = {"type": "array", "uniqueItems": True}
+    with pytest.raises(SchemaNotSupported):
+        compile_schema(unique)
+    assert accepts(compile_schema(unique, relax=["uniqueItems"]), "[1,1]")
+    with pytest.raises(ValueError, match="unknown relaxations"):
+        compile_schema(unique, relax=["everything"])
+
+
+def test_unsupported_keywords_name_their_pointer():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "contains": {"type": "integer"}}}}
+    with pytest.raises(SchemaNotSupported) as info:
+        compile_schema(schema)
+    assert info.value.pointer == "/properties/a/contains"
+    with pytest.raises(SchemaNotSupported) as info:
+        compile_schema({"type": "string", "pattern": "(?=a)b"})
+    assert info.value.pointer == "/pattern"
+    with pytest.raises(SchemaNotSupported) as info:
+        compile_schema({"type": "string", "format": "ipv6"})
+    assert info.value.pointer == "/format"
+
+
+def test_annotations_and_unknown_keywords_are_ignored():
+    schema = {"type": "integer", "title": "t", "description": "d", "default": 1, "examples": [1], "x-vendor": {"a": 1}}
+    assert compile_schema(schema) == compile_schema({"type": "integer"})
+
+
+def test_canonical_literal():
+    assert canonical_literal({"b": 1.0, "a": ["é", None]}) == '{"b":1,"a":["é",null]}'
+
+
+# ---------------------------------------------------------------- composition (schema_rules)
+
+
+def test_schema_rules_are_prefixed_and_compose_in_one_grammar():
+    first = schema_rules({"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}, "tool_a")
+    second = schema_rules({"type": "object", "properties": {"y": {"type": "integer"}}, "required": ["y"]}, "tool_b")
+    for rules, prefix in ((first, "tool_a"), (second, "tool_b")):
+        assert rules.root.startswith(prefix)
+        for line in rules.lark.splitlines() + rules.gbnf.splitlines():
+            assert line.lower().startswith(prefix)
+    grammar = f'start: "A" {first.root} | "B" {second.root}\n{first.lark}{second.lark}'
+    assert accepts(grammar, 'A{"x":"1"}') and accepts(grammar, 'B{"y":1}')
+    assert not accepts(grammar, 'A{"y":1}')
+    with pytest.raises(ValueError, match="prefix"):
+        schema_rules({}, "Bad-Prefix")
+
+
+# ---------------------------------------------------------------- the real engines
+
+
+@pytest.fixture(scope="module")
+def checker():
+    transformers = pytest.importorskip("transformers")
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.structure.grammar_checks import GrammarChecker
+
+    return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
+
+
+ENGINE_CASES = [CASES[i] for i in (0, 1, 3, 5, 6, 8, 11, 17, 18, 25, 28)]
+
+
+@pytest.mark.parametrize("schema, valid, invalid", ENGINE_CASES, ids=[str(i) for i in range(len(ENGINE_CASES))])
+def test_both_renderings_compile_and_agree_on_llguidance_and_xgrammar(checker, schema, valid, invalid):
+    lark_text, gbnf_text = compile_schema(schema), compile_schema_gbnf(schema)
+    assert checker.llguidance_error(lark_text) is None
+    assert checker.xgrammar_error(gbnf_text) is None
+    for text in valid:
+        assert checker.llguidance_accepts(lark_text, text), f"llguidance rejects {text}"
+        assert checker.xgrammar_accepts(gbnf_text, text), f"xgrammar rejects {text}"
+    for text in invalid:
+        assert not checker.llguidance_accepts(lark_text, text), f"llguidance accepts {text}"
+        assert not checker.xgrammar_accepts(gbnf_text, text), f"xgrammar accepts {text}"
+
+
+def test_flexible_whitespace_compiles_in_both_engines(checker):
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]}
+    lark_text = compile_schema(schema, whitespace="flexible")
+    gbnf_text = compile_schema_gbnf(schema, whitespace="flexible")
+    assert checker.llguidance_accepts(lark_text, '{ "a": [1, 2] }')
+    assert checker.xgrammar_accepts(gbnf_text, '{ "a": [1, 2] }')
+
+
+# ---------------------------------------------------------------- BFCL normaliser
+
+
+def test_normalise_bfcl_schema():
+    bfcl = {"type": "dict", "properties": {
+        "x": {"type": "float", "description": "d"}, "t": {"type": "tuple", "items": {"type": "integer"}},
+        "any": {"type": "any"}, "m": {"type": "HashMap"}, "opt": {"type": "String", "optional": True}},
+        "required": ["x"]}
+    out = normalise_bfcl_schema(bfcl)
+    assert out["type"] == "object" and out["properties"]["x"]["type"] == "number"
+    assert out["properties"]["t"] == {"type": "array", "items": {"type": "integer"}}
+    assert "type" not in out["properties"]["any"] and out["properties"]["opt"] == {"type": "string"}
+    assert accepts(compile_schema(out), '{"x":1.5,"any":[1]}')
+    with pytest.raises(InvalidSchema) as info:
+        normalise_bfcl_schema({"type": "dict", "properties": {"q": {"type": "quaternion"}}})
+    assert info.value.pointer == "/properties/q/type"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"type": 5}, "/type"),
+    ({"type": "integer", "minimum": "zero"}, "/minimum"),
+    ({"properties": []}, "/properties"),
+    ({"type": "object", "required": "a"}, "/required"),
+    ({"type": "string", "maxLength": -1}, "/maxLength"),
+    ({"type": "wat"}, "/type"),
+    ({"items": 3}, "/items"),
+    ({"$ref": "#/$defs/missing"}, "/$ref"),
+    ({"properties": {"a": {"$ref": "#/definitions/nope"}}}, "/properties/a/$ref"),
+    ({"anyOf": []}, "/anyOf"),
+])
+def test_malformed_schemas_raise_invalid_schema_with_pointer(schema, pointer):
+    with pytest.raises(InvalidSchema) as info:
+        compile_schema(schema)
+    assert info.value.pointer == pointer, str(info.value)
+
+
+def test_recursion_without_finite_instance_is_an_error():
+    schema = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
+              "$ref": "#/$defs/n"}
+    with pytest.raises(InvalidSchema, match="no instance"):
+        compile_schema(schema)
+    with pytest.raises(SchemaNotSupported, match="cycle"):
+        compile_schema({"$defs": {"a": {"$ref": "#/$defs/b", "type": "object"}, "b": {"$ref": "#/$defs/a", "type": "object"}},
+                        "$ref": "#/$defs/a", "minimum": 1})
+
+
+def test_depth_above_64_is_refused_with_pointer():
+    schema: dict = {"type": "integer"}
+    for _ in range(70):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(SchemaNotSupported, match="deeper than 64") as info:
+        compile_schema(schema)
+    assert info.value.pointer.startswith("/items/items")
+    deep: dict = {"type": "integer"}
+    for _ in range(5000):  # far beyond Python's recursion limit: still a clear error
+        deep = {"items": deep}
+    with pytest.raises(SchemaNotSupported):
+        compile_schema(deep)
+
+
+def test_huge_enum_is_refused_quickly():
+    start = time.perf_counter()
+    with pytest.raises(SchemaNotSupported, match="10000") as info:
+        compile_schema({"enum": list(range(100_000))})
+    assert info.value.pointer == "/enum"
+    assert time.perf_counter() - start < 5  # bounded, not a benchmark: a hang would be minutes
+
+
+def test_ten_thousand_properties_compile_in_bounded_time():
+    props = {f"p{i}": {"type": "integer"} for i in range(10_000)}
+    start = time.perf_counter()
+    rules = schema_rules({"type": "object", "properties": props, "required": ["p0"], "additionalProperties": False}, "big")
+    assert time.perf_counter() - start < 60
+    assert rules.lark.count('"\\"p') == 10_000
+    optional_only = schema_rules({"type": "object", "properties": props, "additionalProperties": False}, "big")
+    assert optional_only.lark.count("\n") < 30_000  # shared tail rules: linear, not quadratic
+
+
+def test_bool_schemas():
+    assert accepts(compile_schema(True), '{"a":[1,"x",null]}')
+    with pytest.raises(InvalidSchema):
+        compile_schema(False)

