@@ -1,16 +1,20 @@
-"""The `agentspec` command. Sub-commands live beside the code they drive and are imported lazily
-where they pull heavy dependencies (vllm, matplotlib)."""
+"""The `agentspec` command: demo, bench, record, replay, law, coverage, serve.
+
+Sub-commands live beside the code they drive; vLLM is imported only when an engine is built."""
 
 from __future__ import annotations
 
 import typer
 
+from agentspec_sdk.backends.serve_cli import serve
 from agentspec_sdk.law.cli import app as law_app
+from agentspec_sdk.replay.cli import bench, demo, record, replay
 from agentspec_sdk.structure.cli import coverage
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, help=__doc__)
+for command in (demo, bench, record, replay, coverage, serve):
+    app.command(command.__name__)(command)
 app.add_typer(law_app, name="law")
-app.command("coverage")(coverage)
 
 
 def main() -> None:

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
 from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
 from agentspec_sdk.bfcl_data import tool_call_prompts
 
 BATCHES = (1, 8)
+ENGINE_KWARGS = {"max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}
 
 
 def settings(gammas: list[int], structure_gamma: int) -> list[tuple[str, str, int]]:
@@ -94,27 +98,35 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="16 prompts, 64 tokens")
     ap.add_argument("--only", default="", help="comma-separated setting names to run (default: all)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
+    ap.add_argument("--one", metavar="SETTING", help=argparse.SUPPRESS)  # child: run one setting
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.max_tokens = 16, 64
     prompts = tool_call_prompts(args.prompts)
-    engine_kwargs = {"max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}
     todo = settings([int(g) for g in args.gammas.split(",")], args.structure_gamma)
+    if args.one:
+        _, mode, gamma = next(s for s in todo if s[0] == args.one)
+        got, outputs = run_setting(mode, gamma, prompts, args.max_tokens, ENGINE_KWARGS)
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump({"rows": got, "outputs": {f"{b}/{rid}": ids for (b, rid), ids in outputs.items()}}, fh)
+        return 0
     if args.only:
         keep = set(args.only.split(","))
         todo = [s for s in todo if s[0] in keep or s[0] == "off"]
     rows, reference = [], None
-    for name, mode, gamma in todo:
+    for name, mode, _gamma in todo:
         print(f"== {name}", file=sys.stderr, flush=True)
-        got, outputs = run_setting(mode, gamma, prompts, args.max_tokens, engine_kwargs)
+        got, outputs = run_in_subprocess(name, args)
         if mode == "off":
             reference = outputs
         for row in got:
             row["setting"] = name
             if reference is not None:
-                row["identical_to_off"] = sum(outputs[k] == reference.get(k) for k in outputs if k[0] == row["batch"])
+                keys = [k for k in outputs if k.startswith(f"{row['batch']}/")]
+                row["identical_to_off"] = sum(outputs[k] == reference.get(k) for k in keys)
         rows += got
-    report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "engine": engine_kwargs, "results": rows,
+    report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "engine": ENGINE_KWARGS, "results": rows,
               "ratios": ratios(rows)}
     print_table(report)
     if args.json:
@@ -125,6 +137,21 @@ def main() -> int:
             with open(args.json, "w", encoding="utf-8") as fh:
                 fh.write(text + "\n")
     return 0
+
+
+def run_in_subprocess(name: str, args) -> tuple[list, dict]:
+    """One engine per process: vLLM 0.32 on CPU cannot start a third engine in one process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "setting.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--out", out,
+               "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens), "--gammas", args.gammas,
+               "--structure-gamma", str(args.structure_gamma)]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"setting {name} failed:\n{done.stderr[-3000:]}")
+        with open(out, encoding="utf-8") as fh:
+            data = json.load(fh)
+    return data["rows"], data["outputs"]
 
 
 def ratios(rows: list[dict]) -> dict:

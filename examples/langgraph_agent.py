@@ -8,7 +8,7 @@ with schema-valid arguments), marks the agent idle while a tool runs and records
 SmolLM2-135M is tiny: the middleware keeps it on a short leash (the first turn must call a tool, the
 turn after the tool results must answer) and a model-call limit caps the loop.
 
-    python examples/langgraph_agent.py ["What is 37 plus 21?"]
+    python examples/langgraph_agent.py ["Add 37 and 21."]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from langchain_core.tools import StructuredTool
 
 from agentspec_sdk import ToolRegistry
 
-QUESTION = "What is 37 plus 21?"
+QUESTION = "Add 37 and 21."
 TOOLS = ("add", "subtract", "multiply", "divide")
 SYSTEM = "You are a calculator assistant. Use a tool to compute, then state the result in one sentence."
 SETTINGS: dict[str, Any] = {

@@ -399,3 +399,15 @@ def test_the_idempotency_window_is_bounded(fake):
         eng.submit(turn("c")).result()  # still in the window
         eng.submit(turn("a")).result()  # fell out: generated again
     assert [b["request_id"] for b in script.bodies] == ["a.1", "b.1", "c.1", "a.1"]
+
+
+def test_a_bad_turn_fails_alone_before_anything_is_sent(fake):
+    script = fake(("ok", CALL))
+    with engine(script.url) as eng:
+        res = eng.submit(TurnRequest(
+            messages=[{"role": "user", "content": "hi"}], fmt="no_such_format", request_id="x")).result()
+        events = list(eng.stream(TurnRequest(messages=[{"role": "user", "content": "hi"}], fmt="no_such_format",
+                                             request_id="y")))
+    assert res.error and "no_such_format" in res.error
+    assert len(events) == 1 and "no_such_format" in events[0].result.error
+    assert script.bodies == []

@@ -162,3 +162,13 @@ def test_call_first_grammar_accepts_exactly_one_call():
     assert accepts('<tool_call>{"name":"cd","arguments":{"folder":"document"}}</tool_call>')
     assert not accepts('Let me think. <tool_call>{"name":"cd","arguments":{"folder":"document"}}</tool_call>')
     assert not accepts('<tool_call>{"name":"nope","arguments":{}}</tool_call>')
+
+
+def test_prose_format_is_one_free_prose_segment():
+    from agentspec_sdk.replay.arms import PROSE
+    from agentspec_sdk.structure.segmenter import segment
+    from agentspec_sdk.structure.turns import parse_turn
+
+    spans = segment(PROSE, "Assertions are debugging checks; `assert x` raises AssertionError.")
+    assert [(s.kind, s.law_class.value) for s in spans] == [("prose", "F")]
+    assert parse_turn(PROSE, "Plain answer.").tool_calls == []

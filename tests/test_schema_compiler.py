@@ -297,7 +297,7 @@ def test_ten_thousand_properties_compile_in_bounded_time():
     assert time.perf_counter() - start < 60
     assert rules.lark.count('"\\"p') == 10_000
     optional_only = schema_rules({"type": "object", "properties": props, "additionalProperties": False}, "big")
-    assert optional_only.lark.count("\n") < 30_000  # shared tail rules: linear, not quadratic
+    assert optional_only.lark.count("\n") < 60_000  # shared tail rules: linear (a few lines per key), not quadratic
 
 
 def test_bool_schemas():

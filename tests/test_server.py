@@ -120,6 +120,39 @@ def test_serve_rejects_bad_input(tmp_path):
     assert out.exit_code == 2 and "speculation must be" in out.output
 
 
+def test_stopping_serve_stops_the_server_it_started(tmp_path, monkeypatch):
+    """SIGTERM to `agentspec serve` (systemd stop, docker stop) must not orphan vLLM, which runs in its
+    own session (so that kill() reaches its engine-core children)."""
+    import os
+    import signal
+    import sys
+
+    child = [sys.executable, "-c", "import subprocess, sys, time; "
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+             "print(p.pid, flush=True); time.sleep(120)"]
+    monkeypatch.setattr(ServerSpec, "command", lambda self: child)
+    proc = ServerProcess(ServerSpec(model="m", speculation="off", port=_free_port()),
+                         log_path=tmp_path / "log.txt").start()
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(SystemExit) as exc:
+        proc.wait()
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert proc.proc.poll() is not None
+    grandchild = int((tmp_path / "log.txt").read_text().split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(grandchild):
+        time.sleep(0.1)
+    assert not _alive(grandchild)  # vLLM's engine-core children go too
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "zombie" not in fh.read()
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.server
 def test_a_server_that_dies_on_start_is_explained(tmp_path):
     spec = ServerSpec(model=str(tmp_path / "no-such-model"), speculation="off", port=_free_port(),

@@ -253,8 +253,8 @@ class RemoteEngine:
             exc = state.outcome.exception() if state.outcome else None
             with self._lock:
                 self._totals["retries"] += 1
-            log.warning("agentspec remote: turn %s attempt %d failed (%s: %s); retrying in %.1f s",
-                        request_id, state.attempt_number, type(exc).__name__, _short(exc),
+            log.warning("agentspec remote: %s attempt %d failed (%s: %s); retrying in %.1f s",
+                        _label(request_id), state.attempt_number, type(exc).__name__, _short(exc),
                         state.next_action.sleep if state.next_action else 0.0)
 
         return Retrying(retry=retry_if_exception(_retryable), reraise=True, before_sleep=before_sleep,
@@ -277,7 +277,7 @@ class RemoteEngine:
         except Exception as exc:
             if _retryable(exc):
                 raise BackendError(
-                    f"server {self.root} failed turn {request_id} after {attempt} attempt(s) over "
+                    f"server {self.root} failed {_label(request_id)} after {attempt} attempt(s) over "
                     f"{time.monotonic() - started:.1f} s: {type(exc).__name__}: {_short(exc)}") from exc
             raise
 
@@ -417,7 +417,12 @@ class RemoteEngine:
             yield StreamEvent("", "", "", result=result)
             return
         started = time.perf_counter()
-        turn = self._prepare(req)
+        try:
+            turn = self._prepare(req)
+        except Exception as exc:  # a bad turn fails alone, as in submit()
+            yield StreamEvent("", "", "", result=self._error_result(req, request_id, f"{type(exc).__name__}: {exc}",
+                                                                    started))
+            return
         seg = Segmenter(turn["fmt"])
         delivered = ""
         final: dict = {}
@@ -625,6 +630,10 @@ def _raise_5xx(resp: httpx.Response) -> httpx.Response:
 def _law(span_or_segmenter: Any) -> str:
     law = span_or_segmenter.law_class
     return getattr(law, "value", law)
+
+
+def _label(request_id: str) -> str:
+    return request_id if request_id.startswith("GET ") else f"turn {request_id}"
 
 
 def _short(exc: BaseException | None) -> str:

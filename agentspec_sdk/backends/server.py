@@ -174,14 +174,25 @@ class ServerProcess:
         return self
 
     def wait(self) -> int:
-        """Block until the server exits (Ctrl-C stops it cleanly); its exit code."""
+        """Block until the server exits; its exit code. SIGINT, SIGTERM and SIGHUP to this process
+        stop the server first (it runs in its own session, so it would not get them otherwise)."""
         if self.proc is None:
             raise BackendError("server not started")
+
+        requested: list[int] = []
+        # The handler only records the signal: Popen.wait() is not re-entrant from a signal handler.
+        previous = {sig: signal.signal(sig, lambda signum, _frame: requested.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
-            return self.proc.wait()
-        except KeyboardInterrupt:
+            while self.proc.poll() is None and not requested:
+                time.sleep(0.2)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.stop()
-            return self.proc.returncode if self.proc.returncode is not None else 130
+        if requested:
+            raise SystemExit(128 + requested[0])
+        return self.proc.returncode
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout

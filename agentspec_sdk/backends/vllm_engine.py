@@ -30,6 +30,7 @@ from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
     merge_acceptance,
+    settle_last_round,
     vllm_spec_counters,
 )
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
@@ -88,6 +89,7 @@ class StreamEvent:
 class _Live:
     req: TurnRequest
     request_id: str
+    vllm_id: str  # unique inside vLLM even when callers reuse a request_id
     fmt: AgentFormat
     future: Future
     prompt_ids: list[int]
@@ -157,7 +159,8 @@ class Engine:
         self._idle_agents: dict[str, float] = {}
         self._acceptance: dict[str, dict[str, int]] = {}
         self._totals = {"requests": 0, "errors": 0, "output_tokens": 0, "claimed_drafted": 0,
-                        "claimed_accepted": 0, "vllm_request_accepted": 0, "vllm_request_drafted": 0}
+                        "claimed_accepted": 0}
+        self._vllm = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self._step_s = 0.0
         self._steps = 0
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
@@ -269,7 +272,7 @@ class Engine:
                 events.put(None)
             future.set_result(TurnResult(request_id, error=f"{type(exc).__name__}: {exc}", agent_id=req.agent_id))
             return future
-        live = _Live(req, request_id, fmt, future, prompt_ids, sampling, events,
+        live = _Live(req, request_id, f"{request_id}#{next(self._ids)}", fmt, future, prompt_ids, sampling, events,
                      Segmenter(fmt) if events is not None else None, t_submit=t_submit)
         self._inbox.put(live)
         self._wake.set()
@@ -371,12 +374,12 @@ class Engine:
                 return
             live.t_added = time.perf_counter()
             try:
-                self._engine.add_request(live.request_id, tokens_prompt(prompt_token_ids=live.prompt_ids),
+                self._engine.add_request(live.vllm_id, tokens_prompt(prompt_token_ids=live.prompt_ids),
                                          live.sampling)
             except Exception as exc:  # vLLM rejected this request only
                 self._fail(live, f"{type(exc).__name__}: {exc}")
                 continue
-            self._live[live.request_id] = live
+            self._live[live.vllm_id] = live
 
     def _on_output(self, out) -> None:
         live = self._live.get(out.request_id)
@@ -393,7 +396,10 @@ class Engine:
         if not out.finished:
             return
         del self._live[out.request_id]
-        self._finish(live, out, comp, now)
+        try:
+            self._finish(live, out, comp, now)
+        except Exception as exc:  # accounting failed for this turn: it still gets an answer
+            self._fail(live, f"could not finish turn: {type(exc).__name__}: {exc}")
 
     def _emit(self, live: _Live, delta: str, final: bool = False) -> None:
         """Send text whose segment is decided; text that may still begin a marker waits (`pending`)."""
@@ -415,8 +421,9 @@ class Engine:
         token_ids = list(comp.token_ids)
         self._tail.poll()
         records = self._tail.claim(prompt_ids, token_ids) if self.speculation == "structure" else []
-        acceptance = acceptance_by_class(records)
         spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
+        settle_last_round(records, len(token_ids), spec)
+        acceptance = acceptance_by_class(records)
         t_first = live.t_first or now
         result = TurnResult(
             request_id=live.request_id, text=comp.text, token_ids=token_ids, prompt_token_ids=prompt_ids,
@@ -430,8 +437,9 @@ class Engine:
             self._totals["claimed_drafted"] += sum(r["drafted"] for r in records)
             self._totals["claimed_accepted"] += sum(r["accepted"] for r in records)
             if spec:
-                self._totals["vllm_request_accepted"] += spec["num_accepted_draft_tokens"]
-                self._totals["vllm_request_drafted"] += spec["num_draft_tokens"]
+                self._vllm["num_drafts"] += spec["num_spec_steps"]
+                self._vllm["num_draft_tokens"] += spec["num_draft_tokens"]
+                self._vllm["num_accepted_tokens"] += spec["num_accepted_draft_tokens"]
             merge_acceptance(self._acceptance, acceptance)
         if live.events is not None:
             live.events.put(None)
@@ -448,16 +456,20 @@ class Engine:
     # -- reading ----------------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Totals: per-class acceptance settled from the proposer's drafts, the proposer's own step log,
-        vLLM's spec-decode counters and step time. `claimed_accepted` equals vLLM's accepted tokens."""
+        """Totals over finished turns: per-class acceptance settled from the proposer's drafts
+        (`claimed_accepted`), vLLM's per-request spec-decode counts summed (`vllm`; they agree), the
+        proposer's step log and step time. `vllm_process` is vLLM's Prometheus view, which is shared
+        by every engine in the process."""
         self._tail.poll()
         with self._lock:
             totals = dict(self._totals)
+            vllm = dict(self._vllm)
             acceptance = json.loads(json.dumps(self._acceptance))
         proposer = self._tail.proposer_stats()
         return {
             "speculation": self.speculation, "gamma_max": self.gamma_max, **totals,
-            "acceptance": acceptance, "proposer": proposer, "vllm": vllm_spec_counters(self._engine),
+            "acceptance": acceptance, "proposer": proposer, "vllm": vllm,
+            "vllm_process": vllm_spec_counters(self._engine),
             "steps": self._steps, "step_s": self._step_s,
             "proposer_share": proposer["proposer_s"] / self._step_s if self._step_s else 0.0,
             "idle_agents": sorted(self._idle_agents),

@@ -105,6 +105,21 @@ class RecordsTail:
                 "resolved_rounds": by_source}
 
 
+def settle_last_round(records: list[dict], num_output: int, spec: dict | None) -> None:
+    """The final verify step can accept draft tokens that the stop check then drops (max_tokens, EOS):
+    vLLM counts them, the output no longer holds them. A last round that runs into the end of the
+    output takes vLLM's count for that step (its last per-step entry); `beyond_output` says how many."""
+    if not records or not spec or not spec.get("per_step_accepted"):
+        return
+    last = records[-1]
+    if last["position"] + last["accepted"] < num_output or last["accepted"] >= last["drafted"]:
+        return
+    verified = min(int(spec["per_step_accepted"][-1]), last["drafted"])
+    if verified > last["accepted"]:
+        last["beyond_output"] = verified - last["accepted"]
+        last["accepted"] = verified
+
+
 def acceptance_by_class(records: list[dict]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in records:

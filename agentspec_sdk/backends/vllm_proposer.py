@@ -73,7 +73,7 @@ class AgentSpecProposer:
             return
         lines = []
         for i, draft in enumerate(drafts):
-            pending = self._pending(i) if draft else None
+            pending = self.drafter.pending_draft(i) if draft else None
             if pending is None:
                 continue
             lines.append(json.dumps({
@@ -81,15 +81,6 @@ class AgentSpecProposer:
                 "kind": pending.kind, "law_class": pending.law_class, "source": pending.source,
                 "tokens": draft}))
         _append(path, lines)
-
-    def _pending(self, row: int):
-        getter = getattr(self.drafter, "pending_draft", None)
-        if getter is not None:
-            return getter(row)
-        # TODO(drafting): public accessor requested; until then read the row state the drafter keeps.
-        states = getattr(self.drafter, "_rows", ())
-        state = states[row] if row < len(states) else None
-        return getattr(state, "pending", None)
 
     def _log_error(self, rows: int) -> None:
         path = self._records_path()

@@ -290,24 +290,60 @@ class StructureDrafter:
             return None
         law_class = kind.law_class.value
         seg_text = st.segment_text()
+        text, keep_last, probes, source = self._chain(st, kind, law_class, seg_text)
+        if not text:
+            return None
+        tokens = self._tokens_for(st, text, keep_last=keep_last, probes=probes)
+        return _Candidate(tokens, source, kind.name, law_class) if tokens else None
+
+    def _chain(self, st: _Row, kind, law_class: str, seg_text: str) -> tuple[str, bool, tuple[str, ...], str]:
+        """(draft text, keep its last token, probes for the last token, source of its first part).
+
+        Sources alternate up to the draft's character budget: grammar-forced text, then a lookup
+        continuation of the segment typed so far plus the draft, then forced text again (the matcher
+        is advanced over the draft and restored afterwards), until the close marker or nothing more."""
+        budget = 6 * self.gamma + 8
         forced = self._forced(st, kind, seg_text)
-        if forced:
-            close = _close_of(kind, seg_text)
-            tokens = self._tokens_for(st, forced, keep_last=bool(close) and forced.endswith(close),
-                                      probes=FORCED_PROBES)
-            if tokens:
-                return _Candidate(tokens, "forced", kind.name, law_class)
-        text, follow = self._lookup(st, kind, law_class, seg_text)
-        if text and st.call is not None and st.call_start == st.seg.current.start:
-            allowed = st.call.valid_prefix(text)  # vLLM would trim the rest by the request grammar anyway
-            if allowed != text:
-                text, follow = allowed, ""
-        if text:
+        call = st.call if st.call is not None and st.call_start == st.seg.current.start else None
+        close = _close_of(kind, seg_text)
+        opener = _open_of(kind, seg_text) or ""
+        saved = (call.dead, call.complete) if call is not None else None
+        text, source, follow, ended, last = "", "", "", False, ""
+        try:
+            while len(text) < budget:
+                if forced:
+                    text += forced
+                    source, last = source or "forced", "forced"
+                    if close and text.endswith(close):
+                        ended = True
+                        break
+                more, follow = self._lookup(st, kind, law_class, seg_text + text)
+                if more and call is not None:
+                    allowed = call.valid_prefix(more)  # vLLM would trim the rest by the request grammar
+                    if allowed != more:
+                        more, follow = allowed, ""
+                if not more:
+                    break
+                text += more
+                source, last = source or "lookup", "lookup"
+                if close and text.endswith(close):
+                    ended = True
+                    break
+                if call is None or len(text) >= budget:
+                    break
+                forced = call.forced_text(seg_text[len(opener):] + text)
+        finally:
+            if call is not None:
+                call.dead, call.complete = saved
+        if not text:
+            return "", False, (), ""
+        if ended:
+            return text, True, (), source
+        if last == "forced":
+            probes = FORCED_PROBES
+        else:
             probes = (follow,) if follow else TRIMMED_PROBES
-            tokens = self._tokens_for(st, text, keep_last=False, probes=probes)
-            if tokens:
-                return _Candidate(tokens, "lookup", kind.name, law_class)
-        return None
+        return text, False, probes, source
 
     def _forced(self, st: _Row, kind, seg_text: str) -> str:
         if self._registry is None or kind.law_class is not LawClass.S:

@@ -19,8 +19,14 @@ from agentspec_sdk.replay import bfcl
 from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, load_traces
 from agentspec_sdk.structure.formats import AgentFormat, LawClass, SegmentKind, register_format
 
+# The env kind's marker never occurs in text: the segmenter cannot build a scanner for a format
+# without any marker, and the proposer picks a row's format by counting open markers in the prompt
+# (drafting.drafter.pick_format), so a marker that prompts contain would claim every row.
+PROSE_END = "<|end_of_prose|>"
 PROSE = AgentFormat(name="prose", description="Answer in plain prose.", initial="prose",
-                    kinds=(SegmentKind("prose", LawClass.F, "model"),), turn_end=("<|im_end|>",))
+                    kinds=(SegmentKind("prose", LawClass.F, "model"),
+                           SegmentKind("after_prose", LawClass.F, "env", (PROSE_END,))),
+                    stop=(PROSE_END,), turn_end=("<|im_end|>",))
 
 MODES = {
     "off": {"speculation": "off"},

@@ -60,10 +60,13 @@ def _table(report: dict) -> str:
 
 def quiet_vllm() -> None:
     """vLLM's INFO/WARNING lines would bury the progress bar; AGENTSPEC_VERBOSE=1 keeps them."""
+    import faulthandler
     import os
+    import signal
 
     if not os.environ.get("AGENTSPEC_VERBOSE"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` dumps every thread
 
 
 def _execute(plan, out: Path, desc: str) -> dict:

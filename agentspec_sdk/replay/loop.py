@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from agentspec_sdk.replay.trace import Episode, Turn
 
+TURN_TIMEOUT_S = 900.0  # a turn the engine never answers fails the run instead of hanging it
+
 
 @dataclass
 class Observation:
@@ -206,7 +208,7 @@ def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier:
             req = make_request(messages=list(messages), fmt=episode.format, tools=episode.tools,
                               grammar=step_grammar, max_tokens=max_tokens, temperature=temperature,
                               request_id=f"{agent}/{seg}/{step}", agent_id=agent)
-            res = engine.submit(req).result()
+            res = engine.submit(req).result(timeout=TURN_TIMEOUT_S)
             calls = parse_calls(episode.format, res.text) if res.error is None else []
             log = TurnLog(
                 episode=agent, segment=seg, step=step, text=res.text, output_tokens=len(res.token_ids),

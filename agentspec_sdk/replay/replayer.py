@@ -123,6 +123,7 @@ def replay(engine: Any, episodes: list[Episode], *, tokenizer: Any, concurrency:
     start = time.perf_counter()
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
     interrupted = False
+    futures: list = []
     try:
         futures = [pool.submit(run, ep) for ep in episodes]
         for f in futures:

@@ -62,7 +62,12 @@ def build_engine(plan: Plan, cfg: EngineConfig):
     from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
-    return Engine(model=plan.model, formats=[REACT, TOOL_CALLS, CODE_AGENT, PROSE],
+    # The proposer picks a row's format by the open markers its prompt mentions, ties going to the
+    # first: prose prompts mention none, so `prose` goes first, and only when arm A needs it.
+    builtins = [REACT, TOOL_CALLS, CODE_AGENT]
+    formats = [PROSE, *builtins] if any(a.episodes and a.episodes[0].format == PROSE.name for a in plan.arms) \
+        else builtins
+    return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
                   enforce_eager=plan.enforce_eager,
                   **engine_kwargs(cfg.mode, cfg.gamma))
@@ -73,7 +78,8 @@ def _warm_up(engine: Any) -> None:
     from agentspec_sdk.backends.vllm_engine import TurnRequest
     from agentspec_sdk.errors import BackendError
 
-    (res,) = engine.generate([TurnRequest(messages=[{"role": "user", "content": "Hello"}], fmt=PROSE, grammar="",
+    (res,) = engine.generate([TurnRequest(messages=[{"role": "user", "content": "Hello"}], fmt="tool_calls",
+                                          grammar="", tools=[],
                                           max_tokens=4, agent_id="warmup")])
     if res.error:
         raise BackendError(f"engine warm-up request failed: {res.error}")

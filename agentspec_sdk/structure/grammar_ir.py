@@ -258,7 +258,10 @@ def to_regex(node: Node, atom: bool = False) -> str:
         # python `re` is leftmost-first: an empty option tried first would end the match early
         return body + "?" if len(options) < len(node.items) else body
     if isinstance(node, Rep):
-        return to_regex(node.item, True) + _regex_quant(node.min, node.max)
+        inner = to_regex(node.item, True)
+        if isinstance(node.item, Rep | Tok):  # `x{2}{0,3}` is a "multiple repeat" error
+            inner = f"(?:{inner})"
+        return inner + _regex_quant(node.min, node.max)
     if isinstance(node, Tok):
         return to_regex(node.item, atom)
     raise TypeError(f"not lexical: {node!r}")
@@ -276,7 +279,10 @@ def _lark_string(text: str) -> str | None:
 class _LarkPrinter:
     def __init__(self, terminal_prefix: str):
         self.terminal_prefix = terminal_prefix
+        self.rule_prefix = terminal_prefix.lower() + "_rep"
         self.terminals: dict[Node, str] = {}
+        self.helpers: dict[tuple[str, int], str] = {}
+        self.helper_rules: list[str] = []
 
     def terminal(self, node: Node) -> str:
         if nullable(node):
@@ -314,10 +320,16 @@ class _LarkPrinter:
         raise ValueError(f"cannot print {node!r}")
 
     def atom(self, node: Node) -> str:
+        """A symbol for `node` inside a sequence or repetition: compound parts become helper rules,
+        since python lark multiplies out groups and optionals inside one rule (2^k expansions)."""
         text = self.expr(node)
         if isinstance(node, Lit | Ref | Tok | Chars):
             return text
-        return f"({text})"
+        key = (text, -1)
+        if key not in self.helpers:
+            self.helpers[key] = f"{self.rule_prefix}{len(self.helpers)}"
+            self.helper_rules.append(f"{self.helpers[key]}: {text}")
+        return self.helpers[key]
 
     def repeat(self, node: Rep) -> str:
         item, lo, hi = node.item, node.min, node.max
@@ -334,15 +346,45 @@ class _LarkPrinter:
         if hi is None:
             tail = f"{a}*"
         else:
-            tail = ""
-            for _ in range(hi - lo):
-                tail = f"({a} {tail})?" if tail else f"{a}?"
+            tail = self.up_to(a, hi - lo)
         return f"{head} {tail}".strip()
+
+    def up_to(self, a: str, count: int) -> str:
+        """`a{0,count}` as O(log count) helper rules, unambiguous: pairs of `a`, then parity.
+
+        Nested optionals nest too deep for llguidance and a chain of `count` rules is quadratic
+        for python lark; with p = `a a`: a{0,2m+1} = p{0,m} a?, a{0,2m} = p{0,m} | p{0,m-1} a.
+        """
+        if count <= 3:
+            tail = ""
+            for _ in range(count):
+                tail = f"({a} {tail})?" if tail else f"{a}?"
+            return tail
+        key = (a, count)
+        if key not in self.helpers:
+            name = self.helpers[key] = f"{self.rule_prefix}{len(self.helpers)}"
+            pair_key = (a, -2)
+            if pair_key not in self.helpers:
+                self.helpers[pair_key] = f"{self.rule_prefix}{len(self.helpers)}"
+                self.helper_rules.append(f"{self.helpers[pair_key]}: {a} {a}")
+            pair = self.helpers[pair_key]
+            half = count // 2
+            if count % 2:
+                body = f"{self.group(self.up_to(pair, half))} {a}?"
+            else:
+                body = f"{self.group(self.up_to(pair, half))} | {self.group(self.up_to(pair, half - 1))} {a}"
+            self.helper_rules.append(f"{name}: {body}")
+        return self.helpers[key]
+
+    @staticmethod
+    def group(text: str) -> str:
+        return text if " " not in text else f"({text})"
 
 
 def to_lark(rules: dict[str, Node], terminal_prefix: str) -> str:
     printer = _LarkPrinter(terminal_prefix)
     lines = [f"{name}: {printer.expr(body)}" for name, body in rules.items()]
+    lines += printer.helper_rules
     done: set[str] = set()
     while len(done) < len(printer.terminals):
         for node, name in list(printer.terminals.items()):
@@ -416,8 +458,8 @@ class _GbnfPrinter:
             return text if top else f"({text})"
         if isinstance(node, Rep):
             inner = self.expr(node.item)
-            if not inner.startswith("(") and not isinstance(node.item, Ref | Chars | Lit | Tok):
-                inner = f"({inner})"
+            if not isinstance(node.item, Ref | Chars | Lit | Tok | Seq | Alt):
+                inner = f"({inner})"  # a repeated repetition: `x{2}{0,3}` does not parse
             return inner + _regex_quant(node.min, node.max)
         raise TypeError(f"cannot print {node!r}")
 

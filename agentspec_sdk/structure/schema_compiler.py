@@ -558,8 +558,17 @@ class _Compiler:
             elif t == "array":
                 options.append(self.array(schema, pointer, depth))
             elif t == "object":
-                options.append(self.object(schema, pointer, depth))
+                options.append(self.hoist(self.object(schema, pointer, depth), depth))
         return alt(*options)
+
+    def hoist(self, node: Node, depth: int) -> Node:
+        """A nested object gets its own rule: inlined, deep schemas nest parentheses beyond
+        llguidance's limit (and python lark's recursion)."""
+        if depth == 0 or node in (NOTHING, EMPTY):
+            return node
+        name = self.new_rule("obj")
+        self.rules[name] = node
+        return Ref(name)
 
     def number(self, schema: dict, pointer: str, integer: bool) -> Node:
         lower, upper = _bounds(schema, pointer)

@@ -40,10 +40,11 @@ class _Mode:
     def __init__(self, actions: dict[str, tuple]):
         self.actions = actions
         live = sorted(actions, key=lambda s: (-len(s), s))
-        self.regex = re.compile("|".join(re.escape(s) for s in live))
+        # A mode with nothing live (a format without markers) must never match: `(?!)`.
+        self.regex = re.compile("|".join(re.escape(s) for s in live) or "(?!)")
         self.prefixes = {s[:j] for s in live for j in range(1, len(s))}
         self.prefix_tail_chars = {p[-1] for p in self.prefixes}
-        self.longest = max(len(s) for s in live)
+        self.longest = max((len(s) for s in live), default=0)
 
 
 class _Tables:
