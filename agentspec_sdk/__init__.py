@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "compile_schema": "agentspec_sdk.structure.schema_compiler",
+    "compile_schema_gbnf": "agentspec_sdk.structure.schema_compiler",
+    "load_grammar": "agentspec_sdk.structure.grammars",
     "schema_rules": "agentspec_sdk.structure.schema_compiler",
     "AgentFormat": "agentspec_sdk.structure.formats",
     "SegmentKind": "agentspec_sdk.structure.formats",

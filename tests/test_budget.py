@@ -82,3 +82,11 @@ def test_bad_arguments_name_the_problem():
         allocate([0.5, 0.5], 0.05, 4, 8, [1])
     with pytest.raises(LawInputError, match="step_budget"):
         allocate([0.5], 0.05, -1, 8)
+
+
+def test_default_priors_give_a_structured_draft_the_full_gamma_max():
+    from agentspec_sdk.drafting.plan import DraftPlan
+
+    plan = DraftPlan()
+    s = plan.prior_acceptance["S"]
+    assert allocate([s], plan.delta + plan.d, plan.effective_step_budget(), 8, [40]).tolist() == [8]

@@ -172,3 +172,53 @@ def test_json_value_end():
 
     assert json_value_end('{"a":"}{","b":[1,{}]}}') == 21
     assert json_value_end('{"a":"\\"}"') is None
+
+
+CALL = '{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
+
+
+def test_forced_text_chains_into_a_lookup_of_an_earlier_call(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>\n" + '{"name":"get_w'
+    tokens = _draft(drafter, tok, head)
+    # forced rest of the name, then the rest of the earlier call copied (the budget cuts the tail)
+    assert tok.decode(tokens[:6]) == 'eather","arguments":{"'
+    assert 'eather","arguments":{"city":"Oslo","unit":"celsius"}}</tool_call>'.startswith(tok.decode(tokens))
+    assert len(tokens) >= 12
+    assert drafter.pending_draft(0).source == "forced"
+
+
+def test_a_repeated_call_is_copied_with_its_newline(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    head = _prompt(tok) + f"<tool_call>\n{CALL}</tool_call>\n<tool_call>"
+    draft = tok.decode(_draft(drafter, tok, head))
+    assert draft.startswith('\n{"name":"get_weather","arguments":{"city":"Oslo') and CALL.startswith(draft[1:])
+
+
+def test_a_begun_open_marker_is_completed_and_the_call_drafted(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<"
+    draft = tok.decode(_draft(drafter, tok, head))
+    assert draft.startswith('tool_call>{"name":"get_weather","arguments":{"city"')
+    assert f"tool_call>{CALL}</tool_call>".startswith(draft)
+    assert drafter.pending_draft(0).law_class == "S"
+    # without a begun marker the draft never crosses into the next segment
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    assert "<tool_call>" not in tok.decode(_draft(drafter, tok, head[:-1]))
+
+
+def test_a_chained_draft_leaves_the_matcher_in_the_real_state(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>" + '{"name":"get_weather","arguments":{"city":"'
+    assert tok.decode(_draft(drafter, tok, head)).startswith('Oslo","unit":"celsius"}}')
+    # the model wrote something else: the forced text follows the real text, not the old draft
+    assert tok.decode(_draft(drafter, tok, head + 'Bergen","unit":"f')) == 'ahrenheit"}}</tool_call>'
+    assert drafter.stats()["rebuilds"] == 1 and drafter.stats()["errors"] == 0
+
+
+def test_chained_drafts_are_the_canonical_tokenization(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    text = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>" + '{"name":"get_weather","arguments":{"'
+    ids = tok.encode(text)
+    draft = drafter.propose([RowInput(np.array(ids))])[0]
+    assert tok.encode(text + tok.decode(draft)) == ids + draft

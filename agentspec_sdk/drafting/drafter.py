@@ -288,39 +288,76 @@ class StructureDrafter:
         kind = st.fmt.kind(seg.kind)
         if kind.writer != "model" or self.gamma == 0:
             return None
+        opening = self._opening(st) if self.plan.isolation else None
+        if opening is not None:  # the model began an open marker: the draft is the new segment's
+            return self._opening_candidate(st, *opening)
         law_class = kind.law_class.value
         seg_text = st.segment_text()
-        text, keep_last, probes, source = self._chain(st, kind, law_class, seg_text)
+        forced = self._forced(st, kind, seg_text)
+        call = st.call if st.call is not None and st.call_start == seg.current.start else None
+        text, keep_last, probes, source = self._chain(st, kind, law_class, seg_text, call, forced)
         if not text:
             return None
         tokens = self._tokens_for(st, text, keep_last=keep_last, probes=probes)
         return _Candidate(tokens, source, kind.name, law_class) if tokens else None
 
-    def _chain(self, st: _Row, kind, law_class: str, seg_text: str) -> tuple[str, bool, tuple[str, ...], str]:
+    def _opening(self, st: _Row):
+        """(kind, marker) when the text held back by the segmenter begins the open marker of a
+        model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
+        belongs to the new segment, so drafting the rest of the marker stays inside it."""
+        held = st.seg.pending
+        if not held:
+            return None
+        for kind in st.fmt.kinds:
+            if kind.writer != "model" or kind.law_class is not LawClass.S or not kind.delimited:
+                continue
+            for marker in kind.open:
+                if marker.startswith(held) and marker != held:
+                    return kind, marker
+        return None
+
+    def _opening_candidate(self, st: _Row, kind, marker: str) -> _Candidate | None:
+        rest = marker[len(st.seg.pending):]
+        call = self._matcher_for(st, kind, marker) if self._registry is not None else None
+        forced = call.forced_text("") if call is not None else ""
+        law_class = kind.law_class.value
+        text, keep_last, probes, source = self._chain(st, kind, law_class, marker, call, forced)
+        seg = st.seg.clone()
+        seg.feed(rest)
+        tokens = self._tokens_for(st, rest + text, keep_last=keep_last or not text, probes=probes,
+                                  seg=seg, offset=len(rest))
+        return _Candidate(tokens, "forced", kind.name, law_class) if tokens else None
+
+    def _chain(self, st: _Row, kind, law_class: str, seg_text: str, call, forced: str):
         """(draft text, keep its last token, probes for the last token, source of its first part).
 
         Sources alternate up to the draft's character budget: grammar-forced text, then a lookup
         continuation of the segment typed so far plus the draft, then forced text again (the matcher
         is advanced over the draft and restored afterwards), until the close marker or nothing more."""
         budget = 6 * self.gamma + 8
-        forced = self._forced(st, kind, seg_text)
-        call = st.call if st.call is not None and st.call_start == st.seg.current.start else None
         close = _close_of(kind, seg_text)
         opener = _open_of(kind, seg_text) or ""
-        saved = (call.dead, call.complete) if call is not None else None
+        saved = (call.dead, call.complete, list(call.fed)) if call is not None else None
         text, source, follow, ended, last = "", "", "", False, ""
         try:
             while len(text) < budget:
-                if forced:
-                    text += forced
-                    source, last = source or "forced", "forced"
-                    if close and text.endswith(close):
-                        ended = True
-                        break
-                more, follow = self._lookup(st, kind, law_class, seg_text + text)
+                query = seg_text + text
+                more, follow, matched = self._repeat(st, kind, query)
+                if not (more and matched >= len(query)):  # unless the segment so far repeats an earlier one
+                    if forced:
+                        text += forced
+                        source, last = source or "forced", "forced"
+                        if close and text.endswith(close):
+                            ended = True
+                            break
+                        if not close:  # ReAct's name/arguments: the forced text ends where the grammar does
+                            break
+                    more, follow, matched = self._lookup(st, kind, law_class, seg_text + text)
+                    if forced and matched < len(forced) + self.plan.lookup_min_chars:
+                        break  # a match inside the forced text only echoes the grammar
                 if more and call is not None:
-                    allowed = call.valid_prefix(more)  # vLLM would trim the rest by the request grammar
-                    if allowed != more:
+                    allowed = _grammar_prefix(call, seg_text[len(opener):] + text, more)
+                    if allowed != more:  # vLLM would trim the rest by the request grammar anyway
                         more, follow = allowed, ""
                 if not more:
                     break
@@ -334,7 +371,7 @@ class StructureDrafter:
                 forced = call.forced_text(seg_text[len(opener):] + text)
         finally:
             if call is not None:
-                call.dead, call.complete = saved
+                _restore(call, *saved)
         if not text:
             return "", False, (), ""
         if ended:
@@ -391,7 +428,15 @@ class StructureDrafter:
                 return name if name in self._registry else None
         return None
 
-    def _lookup(self, st: _Row, kind, law_class: str, seg_text: str) -> tuple[str, str]:
+    def _repeat(self, st: _Row, kind, query: str) -> tuple[str, str, int]:
+        """Lookup in earlier segments of the same kind only (a repeated tool call)."""
+        same = st.corpora.get(kind.name)
+        if not same or not self.plan.isolation:
+            return "", "", 0
+        return continuation(query, [(same, len(same))], min_chars=self.plan.lookup_min_chars,
+                            max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
+
+    def _lookup(self, st: _Row, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
         if not self.plan.isolation:
             full = st.text.text
             corpora = [(full, len(full) - 1)]
@@ -402,15 +447,16 @@ class StructureDrafter:
                 corpora.append((same, len(same)))
             if law_class == "S":
                 corpora.append((st.prompt_text, len(st.prompt_text)))
-        text, follow, _ = continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
-                                       max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
-        return text, follow
+        return continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
+                            max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
-    def _tokens_for(self, st: _Row, text: str, *, keep_last: bool, probes: tuple[str, ...] = ()) -> list[int]:
+    def _tokens_for(self, st: _Row, text: str, *, keep_last: bool, probes: tuple[str, ...] = (),
+                    seg: Segmenter | None = None, offset: int = 0) -> list[int]:
+        """`seg`/`offset`: the segmenter that judges isolation for text[offset:] (the row's by default)."""
         if self.plan.isolation:
-            cut = st.seg.boundary_in(text)
+            cut = (seg or st.seg).boundary_in(text[offset:])
             if cut is not None:
-                text, keep_last = text[:cut], True
+                text, keep_last = text[:offset + cut], True
         if not text:
             return []
         first = max(0, st.n - ANCHOR_TOKENS)
@@ -459,6 +505,29 @@ class StructureDrafter:
 
 def _plen(st: _Row) -> int:
     return len(st.pending.tokens) if st.pending is not None else 0
+
+
+def _restore(call: CallMatcher, dead: bool, complete: bool, fed: list[int]) -> None:
+    """Undo what drafting ahead did to a matcher: back to (a prefix of) the tokens it had consumed;
+    the next sync consumes the rest."""
+    common = 0
+    limit = min(len(fed), len(call.fed))
+    while common < limit and fed[common] == call.fed[common]:
+        common += 1
+    if len(call.fed) > common:
+        call.matcher.rollback(len(call.fed) - common)
+        del call.fed[common:]
+    call.dead, call.complete = dead, complete
+
+
+def _grammar_prefix(call: CallMatcher, content: str, more: str) -> str:
+    """The prefix of lookup text `more` the tool-call grammar allows after `content`; whitespace
+    before the JSON starts (a newline after the open marker) is allowed as the model may write it."""
+    call.forced_text(content)  # sync the matcher with the draft so far
+    lead = ""
+    if not content.strip():
+        lead = more[: len(more) - len(more.lstrip())]
+    return lead + call.valid_prefix(more[len(lead):])
 
 
 def _open_of(kind, seg_text: str) -> str | None:
