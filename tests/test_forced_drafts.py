@@ -222,3 +222,9 @@ def test_chained_drafts_are_the_canonical_tokenization(tok):
     ids = tok.encode(text)
     draft = drafter.propose([RowInput(np.array(ids))])[0]
     assert tok.encode(text + tok.decode(draft)) == ids + draft
+
+
+def test_a_held_angle_bracket_inside_a_call_is_not_a_new_call(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    draft = tok.decode(_draft(drafter, tok, _prompt(tok) + f"<tool_call>{CALL}<"))
+    assert not draft.startswith("tool_call>")

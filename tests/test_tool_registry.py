@@ -4,7 +4,7 @@ import json
 import pydantic
 import pytest
 
-from agentspec_sdk.errors import ToolRegistryError
+from agentspec_sdk.errors import InvalidSchema, ToolRegistryError
 from agentspec_sdk.structure.tools import Tool, ToolRegistry, normalise_bfcl_schema, parse_docstring
 
 
@@ -154,8 +154,10 @@ def test_normalise_bfcl_schema_types():
     assert out["properties"]["anything"] == {"description": "d"}
     assert out["properties"]["nested"]["properties"]["s"] == {"type": "string"}
     assert out["properties"]["type"] == {"type": "string"}
-    with pytest.raises(ToolRegistryError, match="unknown parameter type 'complex' at /properties/z/type"):
+    with pytest.raises(InvalidSchema, match=r"unknown BFCL type 'complex' \(at /properties/z/type\)"):
         normalise_bfcl_schema({"type": "dict", "properties": {"z": {"type": "complex"}}})
+    with pytest.raises(ToolRegistryError, match="tool 'f'.*unknown BFCL type 'complex'"):
+        ToolRegistry().add({"name": "f", "parameters": {"type": "dict", "properties": {"z": {"type": "complex"}}}})
 
 
 def test_duplicate_and_invalid_names():

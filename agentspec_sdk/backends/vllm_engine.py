@@ -55,6 +55,7 @@ class TurnRequest:
     temperature: float = 0.0
     request_id: str | None = None
     agent_id: str | None = None
+    logprobs: int | None = None  # top-k log-probabilities of each output position (vLLM's raw logits)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class TurnResult:
     timings: dict[str, float] = field(default_factory=dict)
     spec: dict[str, Any] | None = None  # vLLM's per-request spec-decode metrics (None: no speculation)
     agent_id: str | None = None
+    logprobs: list[dict[int, float]] | None = None  # per output position: token id -> log-probability
 
     @property
     def ok(self) -> bool:
@@ -318,7 +320,7 @@ class Engine:
             structured = StructuredOutputsParams(grammar=grammar)
         return SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens,
                               stop=list(fmt.stop) or None, structured_outputs=structured,
-                              output_kind=RequestOutputKind.CUMULATIVE)
+                              logprobs=req.logprobs, output_kind=RequestOutputKind.CUMULATIVE)
 
     def _check_grammar(self, grammar: str) -> str:
         if grammar not in self._grammar_errors:
@@ -428,7 +430,7 @@ class Engine:
         result = TurnResult(
             request_id=live.request_id, text=comp.text, token_ids=token_ids, prompt_token_ids=prompt_ids,
             finish_reason=comp.finish_reason, spans=segment(live.fmt, comp.text), records=records,
-            acceptance=acceptance, spec=spec, agent_id=live.req.agent_id,
+            acceptance=acceptance, spec=spec, agent_id=live.req.agent_id, logprobs=_logprobs(comp.logprobs),
             timings={"e2e_s": now - live.t_submit, "queue_s": live.t_added - live.t_submit,
                      "prefill_s": t_first - live.t_added, "decode_s": now - t_first})
         with self._lock:
@@ -562,3 +564,9 @@ def _default_dtype() -> str:
         return "float32" if current_platform.is_cpu() else "auto"
     except Exception:
         return "auto"
+
+
+def _logprobs(positions) -> list[dict[int, float]] | None:
+    if positions is None:
+        return None
+    return [{int(tid): float(lp.logprob) for tid, lp in pos.items()} for pos in positions]

@@ -6,7 +6,8 @@ corpora, tool-call matcher, pending draft) is reused when the row's history exte
 at most one round's worth of tokens, and rebuilt otherwise (rows finish, arrive, get reordered).
 
 Per step and row: resolve the previous draft (accounting), find the open segment, build a candidate
-draft (grammar-forced text inside a tool call, else in-segment lookup), cut it at the segment's end,
+draft (grammar-forced text inside a tool call chained with in-segment lookup; a begun open marker
+is completed and the new segment drafted), cut it at the segment's end,
 then size all drafts together with the budget allocator.
 """
 
@@ -288,7 +289,7 @@ class StructureDrafter:
         kind = st.fmt.kind(seg.kind)
         if kind.writer != "model" or self.gamma == 0:
             return None
-        opening = self._opening(st) if self.plan.isolation else None
+        opening = self._opening(st) if self.plan.isolation and not kind.delimited else None
         if opening is not None:  # the model began an open marker: the draft is the new segment's
             return self._opening_candidate(st, *opening)
         law_class = kind.law_class.value

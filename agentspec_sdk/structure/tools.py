@@ -13,20 +13,11 @@ from typing import Any
 
 import pydantic
 
-from agentspec_sdk.errors import ToolRegistryError
+from agentspec_sdk.errors import InvalidSchema, ToolRegistryError
+from agentspec_sdk.structure.bfcl_schema import normalise_bfcl_schema
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-# BFCL's type names (Python, Java and JavaScript categories) → JSON Schema; None drops `type`.
-_BFCL_TYPES: dict[str, str | None] = {
-    "dict": "object", "object": "object", "HashMap": "object",
-    "float": "number", "number": "number", "double": "number",
-    "integer": "integer", "int": "integer", "long": "integer",
-    "string": "string", "String": "string", "str": "string", "char": "string",
-    "boolean": "boolean", "bool": "boolean", "Boolean": "boolean",
-    "array": "array", "list": "array", "tuple": "array", "Array": "array", "ArrayList": "array",
-    "null": "null", "any": None, "": None,
-}  # fmt: skip
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONES = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
@@ -194,46 +185,9 @@ def _from_dict(d: Mapping[str, Any]) -> Tool:
         raise ToolRegistryError(f"tool {name!r}: parameters must be an object, got {type(params).__name__}")
     try:
         params = normalise_bfcl_schema(params)
-    except ToolRegistryError as exc:
+    except InvalidSchema as exc:
         raise ToolRegistryError(f"tool {name!r}: {exc}") from None
     return Tool(name, str(d.get("description", "")), params)
-
-
-def normalise_bfcl_schema(schema: Any, pointer: str = "") -> Any:
-    """BFCL's schema dialect → JSON Schema ("dict" → object, "float" → number, "tuple" → array, …).
-
-    A standard JSON Schema passes through unchanged (its type names map to themselves).
-    """
-    if not isinstance(schema, Mapping):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "type":
-            mapped = _map_type(value, pointer)
-            if mapped is not None:
-                out["type"] = mapped
-        elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
-            out[key] = {k: normalise_bfcl_schema(v, f"{pointer}/{key}/{_esc(k)}") for k, v in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            out[key] = [normalise_bfcl_schema(v, f"{pointer}/{key}/{i}") for i, v in enumerate(value)]
-        elif key in _SCHEMA_ONES:
-            out[key] = normalise_bfcl_schema(value, f"{pointer}/{key}")
-        else:
-            out[key] = value
-    return out
-
-
-def _map_type(value: Any, pointer: str) -> Any:
-    if isinstance(value, list):
-        mapped = [_map_type(v, pointer) for v in value]
-        return None if None in mapped else mapped
-    if isinstance(value, str) and value in _BFCL_TYPES:
-        return _BFCL_TYPES[value]
-    raise ToolRegistryError(f"unknown parameter type {value!r} at {pointer or '/'}/type")
-
-
-def _esc(key: str) -> str:
-    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def _from_model(model: type[pydantic.BaseModel]) -> Tool:
