@@ -70,6 +70,10 @@ def build_engine(plan: Plan, cfg: EngineConfig):
     return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
                   enforce_eager=plan.enforce_eager,
+                  # Each engine core in its own process: vLLM 0.32 on CPU cannot initialise a third
+                  # in-process worker (its Triton kernel overrides are re-registered over a scan of
+                  # every loaded module and fail), and a run here builds one engine per mode.
+                  in_process=False,
                   **engine_kwargs(cfg.mode, cfg.gamma))
 
 
