@@ -64,20 +64,26 @@ def hf_tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model())
 
 
-# -- on the real engine ---------------------------------------------------------------------------
-
-
-@pytest.mark.engine
-def test_structure_is_token_identical_to_off(structure_results, off_results):
-    assert all(r.ok for r in structure_results + off_results), [r.error for r in structure_results + off_results]
+def near_tie_mismatches(results, off_results) -> list[tuple[str, int, float]]:
+    """(request, first differing position, log-probability gap in off's own logits) per differing output."""
     mismatches = []
-    for s, o in zip(structure_results, off_results, strict=True):
+    for s, o in zip(results, off_results, strict=True):
         if s.token_ids == o.token_ids:
             continue
         at = next(i for i, (a, b) in enumerate(zip(s.token_ids, o.token_ids, strict=False)) if a != b)
         top = o.logprobs[at]
         gap = top[o.token_ids[at]] - top.get(s.token_ids[at], float("-inf"))
         mismatches.append((s.request_id, at, gap))
+    return mismatches
+
+
+# -- on the real engine ---------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_structure_is_token_identical_to_off(structure_results, off_results):
+    assert all(r.ok for r in structure_results + off_results), [r.error for r in structure_results + off_results]
+    mismatches = near_tie_mismatches(structure_results, off_results)
     print(f"\ntoken mismatches structure vs off: {len(mismatches)}/{len(off_results)} "
           f"(request, first differing position, logprob gap in off's own logits): {mismatches}")
     # At temperature 0 vLLM keeps the target's argmax whatever the drafter proposed, so a mismatch can
@@ -314,3 +320,21 @@ def test_last_round_cut_by_the_stop_check_takes_vllms_count():
     rejected = [{"position": 70, "drafted": 8, "accepted": 1}]  # token 71 differs from the draft: a real reject
     settle_last_round(rejected, 72, {"per_step_accepted": [1]})
     assert rejected[0]["accepted"] == 1 and "beyond_output" not in rejected[0]
+
+
+@pytest.mark.engine
+def test_draft_model_pair_uses_vllms_draft_model_method(prompts, off_results):
+    """A draft-model pair goes to vLLM's own `draft_model` method. The default model drafting for
+    itself must be accepted almost always and change no output token."""
+    from agentspec_sdk.backends.vllm_engine import Engine
+
+    # Own engine-core process: this session already runs two in-process engines.
+    with Engine(speculation="draft_model", draft_model=resolve_model(), gamma_max=4, in_process=False,
+                enforce_eager=True) as engine:
+        results = engine.generate(_requests(prompts[:4]))
+        vllm = engine.stats()["vllm"]
+    assert all(r.ok for r in results), [r.error for r in results]
+    mismatches = near_tie_mismatches(results, off_results[:4])
+    assert all(gap < NEAR_TIE_NATS for _, _, gap in mismatches), mismatches
+    assert vllm["num_draft_tokens"] > 0
+    assert vllm["num_accepted_tokens"] / vllm["num_draft_tokens"] > 0.9, vllm
