@@ -58,7 +58,7 @@ def _unique_tools(arms: list[Arm]) -> list[dict]:
     return out
 
 
-def build_engine(plan: Plan, cfg: EngineConfig):
+def build_engine(plan: Plan, cfg: EngineConfig, cfg_index: int = 0):
     from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
@@ -70,10 +70,10 @@ def build_engine(plan: Plan, cfg: EngineConfig):
     return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
                   enforce_eager=plan.enforce_eager,
-                  # Each engine core in its own process: vLLM 0.32 on CPU cannot initialise a third
-                  # in-process worker (its Triton kernel overrides are re-registered over a scan of
-                  # every loaded module and fail), and a run here builds one engine per mode.
-                  in_process=False,
+                  # vLLM 0.32 on CPU cannot initialise a third in-process worker (its Triton kernel
+                  # overrides are re-registered over a scan of every loaded module and fail): the
+                  # first two engines run in-process, later ones get their own engine-core process.
+                  in_process=cfg_index < 2,
                   **engine_kwargs(cfg.mode, cfg.gamma))
 
 
@@ -93,7 +93,6 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
              on_status: Callable[[str], None] | None = None, plots: bool = True,
              engine_factory: Callable[[Plan, EngineConfig], Any] | None = None) -> dict:
     """Measure every config × arm × batch; return the final report (also written to `out_dir`)."""
-    factory = engine_factory or build_engine
     runs: list[dict] = []
     logs: dict[tuple, list[TurnLog]] = {}
     starts: dict[str, float] = {}
@@ -109,12 +108,12 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
         return rep
 
     try:
-        for cfg in plan.configs:
+        for index, cfg in enumerate(plan.configs):
             label = f"{cfg.mode} γ={cfg.gamma}{'' if cfg.prefix_cache else ' no-prefix-cache'}"
             if on_status:
                 on_status(f"starting engine: {label}")
             t0 = time.perf_counter()
-            engine = factory(plan, cfg)
+            engine = build_engine(plan, cfg, index) if engine_factory is None else engine_factory(plan, cfg)
             try:
                 if tools and hasattr(engine, "register_tools"):
                     engine.register_tools(tools)
