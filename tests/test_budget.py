@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentspec_sdk.drafting.budget import allocate, default_step_budget, fixed, predicted_saving
+from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving
 from agentspec_sdk.errors import LawInputError
 
 alphas_st = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24)
@@ -70,11 +70,23 @@ def test_low_alpha_rows_get_nothing_even_with_budget():
     assert allocate([0.01, 0.04], 0.05, 100, 8).tolist() == [0, 0]
 
 
-def test_default_step_budget_rule():
-    assert default_step_budget(0.02, 0.0, 8) == 50
-    assert default_step_budget(0.5, 0.25, 8) == 8  # never below gamma_max
-    with pytest.raises(LawInputError):
-        default_step_budget(-1.0, 0.0, 8)
+def test_per_position_alphas_value_each_token_by_the_product_before_it():
+    # forced tokens (0.98) then a weak lookup (0.3): the lookup's 2nd token is worth 0.98^3 * 0.3^2
+    row = [0.98, 0.98, 0.98, 0.3, 0.3, 0.3]
+    assert allocate(np.array([row]), 0.05, None, 8, [6]).tolist() == [5]
+    assert allocate(np.array([row]), 0.2, None, 8, [6]).tolist() == [4]
+    # positions beyond a row's draft are worth nothing; the cap still applies
+    assert allocate(np.array([[0.9, 0.9], [1.0, 1.0]]), 0.01, None, 8, [1, 2]).tolist() == [1, 2]
+    # a scalar per row is the per-position case with a constant alpha
+    rows = np.array([0.7, 0.9])
+    assert allocate(rows, 0.1, 6, 8).tolist() == allocate(np.repeat(rows[:, None], 8, axis=1), 0.1, 6, 8).tolist()
+
+
+def test_default_plan_has_no_step_cap():
+    from agentspec_sdk.drafting.plan import DraftPlan
+
+    assert DraftPlan().effective_step_budget() is None
+    assert DraftPlan(step_budget=12).effective_step_budget() == 12
 
 
 def test_bad_arguments_name_the_problem():
@@ -90,3 +102,11 @@ def test_default_priors_give_a_structured_draft_the_full_gamma_max():
     plan = DraftPlan()
     s = plan.prior_acceptance["S"]
     assert allocate([s], plan.delta + plan.d, plan.effective_step_budget(), 8, [40]).tolist() == [8]
+
+
+def test_batch_price_is_the_single_row_price_at_one_row_and_grows_with_the_batch():
+    assert batch_price(0.02, 1) == pytest.approx(0.02)
+    assert batch_price(0.02, 8) == pytest.approx(0.1403, abs=1e-3)
+    prices = [batch_price(0.05, b) for b in range(1, 65)]
+    assert all(a < b for a, b in zip(prices, prices[1:], strict=False)) and prices[-1] < 1.0
+    assert batch_price(0.0, 8) == 0.0 and batch_price(1.5, 8) == 1.0

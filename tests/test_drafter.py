@@ -165,6 +165,52 @@ def test_acceptance_estimate_learns_from_rounds(tok):
     assert acc.alpha("S", "lookup") < before / 2
 
 
+def test_each_source_of_a_chained_draft_learns_from_its_own_tokens(tok):
+    from agentspec_sdk.drafting.records import DraftRound
+
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    acc = drafter.accounting.acceptance
+    forced, lookup, repeat = acc.alpha("S", "forced"), acc.alpha("S", "lookup"), acc.alpha("S", "repeat")
+    sources = ["forced"] * 3 + ["lookup"] * 3 + ["repeat"] * 2
+    for _ in range(20):  # forced run accepted whole, lookup rejected at its 2nd token, repeat never judged
+        drafter.accounting.add(DraftRound(0, 0, "tool_call", "S", "forced", 8, 4), sources)
+    assert acc.alpha("S", "forced") > forced
+    assert acc.alpha("S", "lookup") < lookup
+    assert acc.alpha("S", "repeat") == repeat or acc.alpha("S", "repeat") == acc.alpha("S")
+
+
+def test_a_chained_draft_labels_each_token_with_its_source(tok):
+    drafter = StructureDrafter(DraftPlan(tools=TOOLS), tok)
+    prompt = _prompt(tok, 'Use {"city":"Reykjavik"} for the weather.')
+    ids = tok.encode(prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"Reyk')
+    (draft,) = drafter.propose([RowInput(np.array(ids))])
+    pending = drafter.pending_draft(0)
+    assert pending.sources is not None and len(pending.sources) == len(draft)
+    # the value from the user's message (trimmed by the grammar: `unit` is still required), then the
+    # grammar's forced next key
+    assert tok.decode(draft).startswith('javik","unit":"')
+    first_forced = pending.sources.index("forced")
+    assert set(pending.sources[:first_forced]) == {"lookup"} and first_forced >= 2
+    assert tok.decode(draft[:first_forced]).startswith("javik")
+
+
+def test_an_environment_segment_the_model_writes_gets_lookup_drafts_within_it(tok):
+    """A small model sometimes writes its own <tool_response>: the segment is drafted from the
+    observations in the prompt, and the draft still stops at the segment's close marker."""
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": '<tool_call>{"name":"ls","arguments":{}}</tool_call>'},
+            {"role": "user", "content": '<tool_response>{"current_directory_content": ["report.txt", '
+                                        '"notes.md"]}</tool_response>'}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    plan = DraftPlan(tools=[], gamma_max=16, prior_acceptance={"S": 0.8, "R": 0.45, "F": 0.99})
+    drafter = StructureDrafter(plan, tok)
+    ids = tok.encode(prompt + '<tool_response>{"current_directory_content": ["rep')
+    (draft,) = drafter.propose([RowInput(np.array(ids))])
+    assert tok.decode(draft) == 'ort.txt", "notes.md"]}</tool_response>'
+    assert drafter.pending_draft(0).kind == "tool_response" and drafter.pending_draft(0).law_class == "F"
+
+
 # -- robustness -------------------------------------------------------------------------------
 
 def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch):

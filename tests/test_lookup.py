@@ -55,12 +55,15 @@ def test_lookup_copies_an_argument_from_the_user_message(smollm_tokenizer):
     assert drafter.records == []  # nothing resolved yet
 
 
-def test_lookup_in_reasoning_does_not_read_the_user_message(smollm_tokenizer):
+def test_lookup_in_reasoning_reads_the_prompt_and_stops_at_the_segment_end(smollm_tokenizer):
     tok = smollm_tokenizer
-    prompt = _user_prompt(tok, "Book a table at Trattoria Bellavista Downtown for four people.")
-    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    prompt = _user_prompt(tok, "Book a table at Trattoria Bellavista Downtown.<tool_call>")
+    plan = DraftPlan(tools=[], prior_acceptance={"S": 0.8, "R": 0.99, "F": 0.3})
+    drafter = StructureDrafter(plan, tok)
     ids = tok.encode(prompt + "I will book Trattoria Bell")
-    assert drafter.propose([RowInput(np.array(ids))]) == [[]]
+    (draft,) = drafter.propose([RowInput(np.array(ids))])
+    # the marker that followed in the user's text would open a tool-call segment: the draft stops before it
+    assert tok.decode(draft) == "avista Downtown."
 
 
 def test_lookup_reuses_an_earlier_tool_call_of_the_prompt(smollm_tokenizer):

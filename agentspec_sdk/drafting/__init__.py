@@ -1,6 +1,6 @@
 """Structure-aware drafting logic (no vllm import): the plan, the proposer, the budget allocator."""
 
-from agentspec_sdk.drafting.budget import allocate, default_step_budget, fixed, predicted_saving
+from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving
 from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan, PlanError, PlanWatcher
@@ -16,7 +16,7 @@ __all__ = [
     "RowInput",
     "StructureDrafter",
     "allocate",
-    "default_step_budget",
+    "batch_price",
     "fixed",
     "predicted_saving",
     "prefix_hash",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sdk.drafting.budget import allocate, fixed
+from agentspec_sdk.drafting.budget import allocate, batch_price, fixed
 from agentspec_sdk.drafting.fingerprint import RollingHash
 from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
 from agentspec_sdk.drafting.lookup import SEPARATOR, continuation
@@ -64,9 +64,13 @@ class RowInput:
 @dataclass(slots=True)
 class _Candidate:
     tokens: list[int]
-    source: str
+    sources: list[str]  # per token: forced | marker | repeat | lookup
     kind: str
     law_class: str
+
+    @property
+    def source(self) -> str:
+        return self.sources[0]
 
 
 class _Row:
@@ -246,7 +250,8 @@ class StructureDrafter:
         for i, draft in enumerate(drafts):
             st, cand = states[i], candidates[i]
             if st is not None and draft and cand is not None:
-                st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft)
+                st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft,
+                                          cand.sources[: len(draft)])
         self.accounting.end_step(len(rows), sum(map(len, drafts)), time.perf_counter() - started, errors)
         return drafts
 
@@ -280,27 +285,30 @@ class StructureDrafter:
         if pending is None or len(ids) <= pending.position:
             return
         st.pending = None
-        self.accounting.add(resolve(pending, ids[pending.position:].tolist()))
+        self.accounting.add(resolve(pending, ids[pending.position:].tolist()), pending.sources)
 
     # -- one row's candidate draft ------------------------------------------------------------
 
     def _candidate(self, st: _Row) -> _Candidate | None:
         seg = st.seg
         kind = st.fmt.kind(seg.kind)
-        if kind.writer != "model" or self.gamma == 0:
+        if self.gamma == 0:
             return None
         opening = self._opening(st) if self.plan.isolation and not kind.delimited else None
         if opening is not None:  # the model began an open marker: the draft is the new segment's
             return self._opening_candidate(st, *opening)
         law_class = kind.law_class.value
         seg_text = st.segment_text()
-        forced = self._forced(st, kind, seg_text)
-        call = st.call if st.call is not None and st.call_start == seg.current.start else None
-        text, keep_last, probes, source = self._chain(st, kind, law_class, seg_text, call, forced)
+        # A segment of an environment kind in the model's own output (a small model writing its own
+        # <tool_response>) gets lookup drafts only: no grammar governs it.
+        forced = self._forced(st, kind, seg_text) if kind.writer == "model" else ""
+        call = st.call if kind.writer == "model" and st.call is not None and st.call_start == seg.current.start \
+            else None
+        text, keep_last, probes, parts = self._chain(st, kind, law_class, seg_text, call, forced)
         if not text:
             return None
-        tokens = self._tokens_for(st, text, keep_last=keep_last, probes=probes)
-        return _Candidate(tokens, source, kind.name, law_class) if tokens else None
+        tokens, sources = self._tokens_for(st, text, parts, keep_last=keep_last, probes=probes)
+        return _Candidate(tokens, sources, kind.name, law_class) if tokens else None
 
     def _opening(self, st: _Row):
         """(kind, marker) when the text held back by the segmenter begins the open marker of a
@@ -322,15 +330,18 @@ class StructureDrafter:
         call = self._matcher_for(st, kind, marker) if self._registry is not None else None
         forced = call.forced_text("") if call is not None else ""
         law_class = kind.law_class.value
-        text, keep_last, probes, source = self._chain(st, kind, law_class, marker, call, forced)
+        text, keep_last, probes, parts = self._chain(st, kind, law_class, marker, call, forced)
         seg = st.seg.clone()
         seg.feed(rest)
-        tokens = self._tokens_for(st, rest + text, keep_last=keep_last or not text, probes=probes,
-                                  seg=seg, offset=len(rest))
-        return _Candidate(tokens, "forced", kind.name, law_class) if tokens else None
+        # the marker's rest is a guess (the model may be opening another marker with the same start)
+        parts = [(0, "marker")] + [(len(rest) + at, src) for at, src in parts]
+        tokens, sources = self._tokens_for(st, rest + text, parts, keep_last=keep_last or not text, probes=probes,
+                                           seg=seg, offset=len(rest))
+        return _Candidate(tokens, sources, kind.name, law_class) if tokens else None
 
     def _chain(self, st: _Row, kind, law_class: str, seg_text: str, call, forced: str):
-        """(draft text, keep its last token, probes for the last token, source of its first part).
+        """(draft text, keep its last token, probes for the last token, parts: (offset, source) where
+        each source's text begins).
 
         Sources alternate up to the draft's character budget: grammar-forced text, then a lookup
         continuation of the segment typed so far plus the draft, then forced text again (the matcher
@@ -339,15 +350,25 @@ class StructureDrafter:
         close = _close_of(kind, seg_text)
         opener = _open_of(kind, seg_text) or ""
         saved = (call.dead, call.complete, list(call.fed)) if call is not None else None
-        text, source, follow, ended, last = "", "", "", False, ""
+        text, follow, ended, last = "", "", False, ""
+        parts: list[tuple[int, str]] = []
+
+        def add(piece: str, source: str) -> None:
+            nonlocal text, last
+            if not parts or parts[-1][1] != source:
+                parts.append((len(text), source))
+            text += piece
+            last = source
+
         try:
             while len(text) < budget:
                 query = seg_text + text
                 more, follow, matched = self._repeat(st, kind, query)
+                source = "repeat"
                 if not (more and matched >= len(query)):  # unless the segment so far repeats an earlier one
+                    source = "lookup"
                     if forced:
-                        text += forced
-                        source, last = source or "forced", "forced"
+                        add(forced, "forced")
                         if close and text.endswith(close):
                             ended = True
                             break
@@ -362,8 +383,7 @@ class StructureDrafter:
                         more, follow = allowed, ""
                 if not more:
                     break
-                text += more
-                source, last = source or "lookup", "lookup"
+                add(more, source)
                 if close and text.endswith(close):
                     ended = True
                     break
@@ -374,14 +394,14 @@ class StructureDrafter:
             if call is not None:
                 _restore(call, *saved)
         if not text:
-            return "", False, (), ""
+            return "", False, (), []
         if ended:
-            return text, True, (), source
+            return text, True, (), parts
         if last == "forced":
             probes = FORCED_PROBES
         else:
             probes = (follow,) if follow else TRIMMED_PROBES
-        return text, False, probes, source
+        return text, False, probes, parts
 
     def _forced(self, st: _Row, kind, seg_text: str) -> str:
         if self._registry is None or kind.law_class is not LawClass.S:
@@ -446,25 +466,26 @@ class StructureDrafter:
             same = st.corpora.get(kind.name)
             if same:
                 corpora.append((same, len(same)))
-            if law_class == "S":
-                corpora.append((st.prompt_text, len(st.prompt_text)))
+            corpora.append((st.prompt_text, len(st.prompt_text)))
         return continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
-    def _tokens_for(self, st: _Row, text: str, *, keep_last: bool, probes: tuple[str, ...] = (),
-                    seg: Segmenter | None = None, offset: int = 0) -> list[int]:
-        """`seg`/`offset`: the segmenter that judges isolation for text[offset:] (the row's by default)."""
+    def _tokens_for(self, st: _Row, text: str, parts: list[tuple[int, str]], *, keep_last: bool,
+                    probes: tuple[str, ...] = (), seg: Segmenter | None = None,
+                    offset: int = 0) -> tuple[list[int], list[str]]:
+        """(tokens, source of each token: the part its first byte lies in). `seg`/`offset`: the
+        segmenter that judges isolation for text[offset:] (the row's by default)."""
         if self.plan.isolation:
             cut = (seg or st.seg).boundary_in(text[offset:])
             if cut is not None:
                 text, keep_last = text[:offset + cut], True
         if not text:
-            return []
+            return [], []
         first = max(0, st.n - ANCHOR_TOKENS)
         emitted = st.ids[first:].tolist()
         tail = st.text.text[st.text.token_start(first):]
-        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last, probes=probes)
-        return tokens[: self.gamma]
+        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last, probes=probes)[: self.gamma]
+        return tokens, _token_sources(self.token_bytes, tokens, text, parts)
 
     # -- sizing -------------------------------------------------------------------------------
 
@@ -472,12 +493,21 @@ class StructureDrafter:
         if not candidates:
             return []
         acc = self.accounting.acceptance
-        alphas = np.array([acc.alpha(c.law_class, c.source) if c else 0.0 for c in candidates])
         lengths = np.array([len(c.tokens) if c else 0 for c in candidates])
+        width = max(1, int(lengths.max()))
+        alphas = np.zeros((len(candidates), width))  # per row and draft position
+        for i, c in enumerate(candidates):
+            if c is not None:
+                cache: dict[str, float] = {}
+                for j, src in enumerate(c.sources):
+                    if src not in cache:
+                        cache[src] = acc.alpha(c.law_class, src)
+                    alphas[i, j] = cache[src]
+        price = batch_price(self.price, len(candidates))
         if self.plan.budget:
-            sizes = allocate(alphas, self.price, self.step_budget, self.gamma, lengths)
+            sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:
-            sizes = fixed(alphas, self.price, self.gamma, lengths, gate=self.plan.gate)
+            sizes = fixed(alphas[:, 0], price, self.gamma, lengths, gate=self.plan.gate)
         return [c.tokens[: int(k)] if c and k else [] for c, k in zip(candidates, sizes, strict=True)]
 
     # -- reading --------------------------------------------------------------------------------
@@ -502,6 +532,21 @@ class StructureDrafter:
 
     def flush(self) -> None:
         self.accounting.flush()
+
+
+def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str, parts: list[tuple[int, str]]) -> list[str]:
+    """The source of each draft token: the part of `text` (char offset, source) holding its first
+    byte. The tokens spell `text` from its start (canonical_tokens continues the emitted tokens)."""
+    if not parts:
+        return ["lookup"] * len(tokens)
+    starts = [len(text[:at].encode("utf-8")) for at, _ in parts]
+    out, pos, k = [], 0, 0
+    for tok in tokens:
+        while k + 1 < len(starts) and starts[k + 1] <= pos:
+            k += 1
+        out.append(parts[k][1])
+        pos += len(token_bytes[tok])
+    return out
 
 
 def _plen(st: _Row) -> int:

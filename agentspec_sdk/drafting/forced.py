@@ -15,6 +15,8 @@ import json
 
 import llguidance
 
+MAX_EXTEND_CHARS = 8
+
 
 class CallMatcher:
     """Grammar state of one tool-call segment."""
@@ -78,7 +80,17 @@ class CallMatcher:
             return text
         toks = self.ll.tokenize_str(text)
         ok = self.matcher.validate_tokens(toks)
-        return text if ok == len(toks) else self.ll.decode_str(toks[:ok])
+        if ok == len(toks):
+            return text
+        good = self.ll.decode_str(toks[:ok])
+        # the first rejected token may merge allowed characters with a rejected one (`"}` where `"`
+        # closes the value and `}` is not allowed yet): extend the prefix a character at a time
+        for end in range(len(good) + 1, min(len(text), len(good) + MAX_EXTEND_CHARS) + 1):
+            more = self.ll.tokenize_str(text[:end])
+            if self.matcher.validate_tokens(more) != len(more):
+                break
+            good = text[:end]
+        return good
 
     def _sync(self, body: str) -> bool:
         toks = self.ll.tokenize_str(body)

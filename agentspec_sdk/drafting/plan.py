@@ -34,7 +34,7 @@ class DraftPlan:
     tokenizer: str | None = None
     turn_start: str | None = None  # text that opens the model's turn; None: from the chat template
     gamma_max: int = 8
-    step_budget: int | None = None  # None: default_step_budget(delta, d, gamma_max)
+    step_budget: int | None = None  # draft tokens per step over all rows; None: no cap (the price sizes drafts)
     kappa: float = 1.0
     delta: float = 0.02  # verify cost of one extra token / one target pass (CPU: small, measure it)
     d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
@@ -82,12 +82,8 @@ class DraftPlan:
     def registry(self) -> ToolRegistry:
         return ToolRegistry(self.tools)
 
-    def effective_step_budget(self) -> int:
-        from agentspec_sdk.drafting.budget import default_step_budget
-
-        if self.step_budget is not None:
-            return self.step_budget
-        return default_step_budget(self.delta, self.d, self.gamma_max)
+    def effective_step_budget(self) -> int | None:
+        return self.step_budget
 
     # -- file ---------------------------------------------------------------------------------
 

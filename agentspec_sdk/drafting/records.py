@@ -47,8 +47,9 @@ class PendingDraft:
     prefix_hash: int
     kind: str
     law_class: str
-    source: str
+    source: str  # the first token's
     tokens: list[int]
+    sources: list[str] | None = None  # per token (a draft chains forced text, lookups, repeats)
 
 
 def resolve(pending: PendingDraft, new_tokens) -> DraftRound:
@@ -80,8 +81,17 @@ class Accounting:
         self.rebuilds = 0
         self.dropped = 0  # drafts whose row left the batch before they could be resolved
 
-    def add(self, rnd: DraftRound) -> None:
-        self.acceptance.update(rnd.law_class, rnd.source, rnd.drafted, rnd.accepted)
+    def add(self, rnd: DraftRound, sources: list[str] | None = None) -> None:
+        """`sources`: per drafted token. The acceptance of each source is learned from its own run of
+        tokens: the tokens before the first rejection were accepted, the rejected token counts against
+        its source, and runs after it tell nothing (the target never judged them)."""
+        if sources and len(sources) == rnd.drafted:
+            for source, start, end in _runs(sources):
+                if start > rnd.accepted:
+                    break
+                self.acceptance.update(rnd.law_class, source, end - start, min(end, rnd.accepted) - start)
+        else:
+            self.acceptance.update(rnd.law_class, rnd.source, rnd.drafted, rnd.accepted)
         tot = self._totals[(rnd.law_class, rnd.source)]
         tot[0] += 1
         tot[1] += rnd.drafted
@@ -138,3 +148,12 @@ class Accounting:
         self._totals.clear()
         self.steps = self.rows_seen = self.errors = self.rebuilds = self.dropped = 0
         self.proposer_s = 0.0
+
+
+def _runs(sources: list[str]):
+    """(source, start, end) of each run of equal sources."""
+    start = 0
+    for i in range(1, len(sources) + 1):
+        if i == len(sources) or sources[i] != sources[start]:
+            yield sources[start], start, i
+            start = i

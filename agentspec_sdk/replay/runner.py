@@ -1,6 +1,7 @@
-"""Run a measurement plan: engines built one after another (each closed before the next), every
-arm replayed at every batch size on each, a report written after each engine so an interrupted
-run (Ctrl-C) still leaves a valid report, marked partial."""
+"""Run a measurement plan: each engine configuration is measured in a process of its own (spawned
+one after another, each with the engine in-process, so every mode runs under the same conditions and
+vLLM's per-process state never carries over), every arm replayed at every batch size on it, a report
+written after each engine so an interrupted run (Ctrl-C) still leaves a valid report, marked partial."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentspec_sdk.errors import BackendError
 from agentspec_sdk.replay.arms import PROSE, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.replayer import replay
@@ -58,7 +60,7 @@ def _unique_tools(arms: list[Arm]) -> list[dict]:
     return out
 
 
-def build_engine(plan: Plan, cfg: EngineConfig, cfg_index: int = 0):
+def build_engine(plan: Plan, cfg: EngineConfig):
     from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
@@ -69,12 +71,7 @@ def build_engine(plan: Plan, cfg: EngineConfig, cfg_index: int = 0):
         else builtins
     return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
-                  enforce_eager=plan.enforce_eager,
-                  # vLLM 0.32 on CPU cannot initialise a third in-process worker (its Triton kernel
-                  # overrides are re-registered over a scan of every loaded module and fail): the
-                  # first two engines run in-process, later ones get their own engine-core process.
-                  in_process=cfg_index < 2,
-                  **engine_kwargs(cfg.mode, cfg.gamma))
+                  enforce_eager=plan.enforce_eager, in_process=True, **engine_kwargs(cfg.mode, cfg.gamma))
 
 
 def _warm_up(engine: Any) -> None:
@@ -89,54 +86,139 @@ def _warm_up(engine: Any) -> None:
         raise BackendError(f"engine warm-up request failed: {res.error}")
 
 
+def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
+                   emit: Callable[[tuple], None], t0: float) -> None:
+    """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
+    `emit` receives ("started", seconds to a warm engine), ("status", text), ("turn", TurnLog) and
+    ("run", summary, logs) events in order."""
+    tools = _unique_tools(plan.arms)
+    if tools and hasattr(engine, "register_tools"):
+        engine.register_tools(tools)
+    _warm_up(engine)
+    emit(("started", time.perf_counter() - t0))
+    for arm in plan.arms:
+        for b in plan.batches:
+            emit(("status", f"{_label(cfg)}: arm {arm.name}, b={b}"))
+            run = replay(engine, arm.episodes, tokenizer=tokenizer, concurrency=b,
+                         max_tokens=arm.max_tokens, max_steps=arm.max_steps,
+                         max_segments=arm.max_segments, tool_choice=arm.tool_choice,
+                         latency_scale=plan.latency_scale, on_turn=lambda log: emit(("turn", log)),
+                         grammar=arm.grammar)
+            summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
+                                wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
+                                interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
+            emit(("run", summary, run.logs))
+            if run.interrupted:
+                raise KeyboardInterrupt
+
+
+def _label(cfg: EngineConfig) -> str:
+    return f"{cfg.mode} γ={cfg.gamma}{'' if cfg.prefix_cache else ' no-prefix-cache'}"
+
+
+def _child(plan: Plan, cfg: EngineConfig, events) -> None:
+    """Body of the measuring process: engine, replay, events back to the parent through `events`."""
+    import signal
+
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+    from agentspec_sdk.replay.arms import ensure_prose_format
+
+    # Ctrl-C reaches the whole process group; the parent decides (it stops this process).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ensure_prose_format()
+        tokenizer = load_tokenizer(plan.model)
+        t0 = time.perf_counter()
+        engine = build_engine(plan, cfg)
+        try:
+            measure_config(plan, cfg, engine, tokenizer, events.put, t0)
+        finally:
+            engine.close()
+        events.put(("done",))
+    except BaseException as exc:  # reported to the parent, which raises it
+        events.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _measure_in_child(plan: Plan, cfg: EngineConfig, handle: Callable[[tuple], None]) -> None:
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(plan, cfg, events), name=f"agentspec-{cfg.mode}", daemon=True)
+    proc.start()
+    try:
+        while True:
+            try:
+                event = events.get(timeout=1.0)
+            except queue_mod.Empty:
+                if not proc.is_alive():
+                    raise BackendError(f"measuring process for {_label(cfg)} died (exit code {proc.exitcode})") \
+                        from None
+                continue
+            if event[0] == "done":
+                break
+            if event[0] == "error":
+                raise BackendError(f"{_label(cfg)}: {event[1]}")
+            handle(event)
+        proc.join(timeout=60)
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
 def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callable[[TurnLog], None] | None = None,
              on_status: Callable[[str], None] | None = None, plots: bool = True,
              engine_factory: Callable[[Plan, EngineConfig], Any] | None = None) -> dict:
-    """Measure every config × arm × batch; return the final report (also written to `out_dir`)."""
+    """Measure every config × arm × batch; return the final report (also written to `out_dir`).
+
+    By default each config runs in a spawned process of its own; with `engine_factory` (tests, a
+    custom backend) the engines are built here, one after another, and `tokenizer` is used."""
     runs: list[dict] = []
     logs: dict[tuple, list[TurnLog]] = {}
     starts: dict[str, float] = {}
     meta = {**plan.meta, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
             "arms": [a.name for a in plan.arms], "batches": plan.batches,
             "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
-            "enforce_eager": plan.enforce_eager}
-    tools = _unique_tools(plan.arms)
+            "enforce_eager": plan.enforce_eager,
+            "engine_process": "in-process" if engine_factory is not None else "one spawned process per config"}
 
     def report(partial: bool) -> dict:
         rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial)
         write_report(rep, out_dir, plots=plots)
         return rep
 
+    def handler(cfg: EngineConfig) -> Callable[[tuple], None]:
+        def handle(event: tuple) -> None:
+            kind = event[0]
+            if kind == "turn" and on_turn:
+                on_turn(event[1])
+            elif kind == "status" and on_status:
+                on_status(event[1])
+            elif kind == "started":
+                starts[_label(cfg)] = event[1]
+            elif kind == "run":
+                summary, run_logs = event[1], event[2]
+                runs.append(summary)
+                logs[((summary["arm"], summary["batch"], cfg.gamma, cfg.prefix_cache), cfg.mode)] = run_logs
+        return handle
+
     try:
-        for index, cfg in enumerate(plan.configs):
-            label = f"{cfg.mode} γ={cfg.gamma}{'' if cfg.prefix_cache else ' no-prefix-cache'}"
+        for cfg in plan.configs:
             if on_status:
-                on_status(f"starting engine: {label}")
-            t0 = time.perf_counter()
-            engine = build_engine(plan, cfg, index) if engine_factory is None else engine_factory(plan, cfg)
-            try:
-                if tools and hasattr(engine, "register_tools"):
-                    engine.register_tools(tools)
-                _warm_up(engine)
-                starts[label] = time.perf_counter() - t0
-                for arm in plan.arms:
-                    for b in plan.batches:
-                        if on_status:
-                            on_status(f"{label}: arm {arm.name}, b={b}")
-                        run = replay(engine, arm.episodes, tokenizer=tokenizer, concurrency=b,
-                                     max_tokens=arm.max_tokens, max_steps=arm.max_steps,
-                                     max_segments=arm.max_segments, tool_choice=arm.tool_choice,
-                                     latency_scale=plan.latency_scale, on_turn=on_turn, grammar=arm.grammar)
-                        summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
-                                            wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
-                                            interrupted=run.interrupted, matches=run.matches,
-                                            episodes=run.episodes)
-                        runs.append(summary)
-                        logs[((arm.name, b, cfg.gamma, cfg.prefix_cache), cfg.mode)] = run.logs
-                        if run.interrupted:
-                            raise KeyboardInterrupt
-            finally:
-                engine.close()
+                on_status(f"starting engine: {_label(cfg)}")
+            if engine_factory is None:
+                _measure_in_child(plan, cfg, handler(cfg))
+            else:
+                t0 = time.perf_counter()
+                engine = engine_factory(plan, cfg)
+                try:
+                    measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0)
+                finally:
+                    engine.close()
             report(partial=True)
     except KeyboardInterrupt:
         report(partial=True)
