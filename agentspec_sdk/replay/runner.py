@@ -168,6 +168,8 @@ def _measure_in_child(plan: Plan, cfg: EngineConfig, handle: Callable[[tuple], N
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
+        events.close()
+        events.join_thread()
 
 
 def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callable[[TurnLog], None] | None = None,
