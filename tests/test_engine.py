@@ -269,13 +269,16 @@ def test_records_settle_against_the_final_tokens(tmp_path):
         {"type": "draft", "position": 4, "prefix_hash": prefix_hash([1, 2, 3, 4], 4), "kind": "reasoning",
          "law_class": "R", "source": "lookup", "tokens": [9]},  # another request's history
         {"type": "step", "rows": 2, "drafted": 5, "proposer_s": 0.001, "errors": 0},
+        {"type": "step", "t": 100.5, "rows": 3, "drafted": 4, "proposer_s": 0.001, "errors": 0},
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"type": "dra')  # torn last line
     tail = RecordsTail(path)
     tail.poll()
     records = tail.claim(prompt, output)
     assert [(r["position"], r["drafted"], r["accepted"]) for r in records] == [(0, 3, 2), (3, 2, 1)]
-    assert tail.proposer_stats()["steps"] == 1
+    assert tail.proposer_stats()["steps"] == 2
+    assert tail.steps_between(100.0, 101.0) == [{"t": 100.5, "rows": 3, "drafted": 4}]
+    assert tail.steps_between(101.0, 102.0) == []
 
 
 def test_proposer_adapter_without_vllm(tmp_path, monkeypatch, hf_tokenizer):

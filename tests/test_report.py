@@ -10,7 +10,15 @@ from agentspec_sdk import law
 from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.arms import Arm
 from agentspec_sdk.replay.loop import TurnLog
-from agentspec_sdk.replay.report import build_report, composition_checks, markdown, summarize, write_report
+from agentspec_sdk.replay.report import (
+    build_report,
+    composition_checks,
+    delta_at,
+    fit_costs_from_steps,
+    markdown,
+    summarize,
+    write_report,
+)
 from agentspec_sdk.replay.runner import EngineConfig, Plan, run_plan
 from agentspec_sdk.replay.trace import Episode, Turn
 
@@ -80,6 +88,54 @@ def test_report_structure_speedup_and_law():
     assert rep["lossless"] == {"compared": 4, "mismatched": 0, "first_mismatch": None}
     assert rep["measured"][0]["saving"] == pytest.approx(0.5)
     assert "| D | structure | 8 | 8 | on | all |" in markdown(rep)
+
+
+def synthetic_steps(a=0.02, b=0.01, c=0.004, n=400, seed=0, rows=(1, 4, 8)):
+    """A proposer step log whose gaps follow seconds = a + b rows + c drafted, with noise and idle gaps."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t, out = 1000.0, []
+    for i in range(n):
+        r = int(rng.choice(rows))
+        k = int(rng.integers(0, 8 * r + 1))
+        out.append({"t": t, "rows": r, "drafted": k})
+        t += a + b * r + c * k + rng.normal(0, 0.001)
+        if i % 50 == 49:
+            t += 5.0  # every agent waited on a tool: not a pass
+    return out
+
+
+def test_verify_cost_is_fitted_from_the_step_log():
+    costs = fit_costs_from_steps({"run": synthetic_steps()})
+    assert costs["coef"]["c_s_per_token"] == pytest.approx(0.004, rel=0.05)
+    assert costs["c_t"] == pytest.approx(0.03, rel=0.05)
+    assert costs["delta"] == pytest.approx(0.004 / 0.03, rel=0.08)
+    assert delta_at(costs, 8) == pytest.approx(0.004 * 8 / (0.02 + 0.01 * 8), rel=0.08)
+    assert costs["steps"] < 400  # the idle gaps were dropped
+    # one batch size: the pass is taken as proportional to its rows
+    one = fit_costs_from_steps({"run": synthetic_steps(a=0.0, b=0.0125, rows=(8,))})
+    assert one["delta"] == pytest.approx(0.004 / 0.0125, rel=0.08)
+    assert fit_costs_from_steps({"run": synthetic_steps(n=10)}) is None  # too few steps
+    flat = [dict(s, drafted=3) for s in synthetic_steps()]
+    assert fit_costs_from_steps({"run": flat}) is None  # no spread in drafted tokens
+
+
+def test_report_takes_delta_from_the_step_log_and_predicts_each_run_at_its_batch():
+    rep_steps = {(("D", 8, 8, True), "structure"): synthetic_steps(rows=(8, 6, 7))}
+    off = [log(decode_s=2.0, prompt_hash=f"p{i}") for i in range(4)]
+    spec = [log(decode_s=1.0, prompt_hash=f"p{i}", records=spec_records()[i::4]) for i in range(4)]
+    runs = [summarize(off, arm="D", mode="off", gamma=8, batch=8, wall_s=8.0),
+            summarize(spec, arm="D", mode="structure", gamma=8, batch=8, wall_s=4.0)]
+    logs = {(("D", 8, 8, True), "off"): off, (("D", 8, 8, True), "structure"): spec}
+    rep = build_report(runs, logs, meta={}, primary={"batch": 8, "gamma": 8}, steps=rep_steps)
+    costs = rep["law_fit"]["costs"]
+    assert costs["method"].startswith("proposer step log")
+    rows = costs["primary_mean_rows"]
+    assert rep["law"]["delta"] == pytest.approx(delta_at(costs, rows))
+    assert costs["delta_one_row"] < rep["law"]["delta"]  # a token costs more per row in a batch
+    run = next(r for r in rep["runs"] if r["mode"] == "structure")
+    assert run["predicted"]["delta"] == pytest.approx(rep["law"]["delta"])
 
 
 def test_lossless_mismatch_rejects_r4():

@@ -477,6 +477,12 @@ class Engine:
             "idle_agents": sorted(self._idle_agents),
         }
 
+    def step_log(self, start: float = 0.0, end: float = float("inf")) -> list[dict]:
+        """The structure proposer's steps that began between `start` and `end` (time.time()):
+        `{"t", "rows", "drafted"}`; the gap to the next step is the pass that verified the drafts."""
+        self._tail.poll()
+        return self._tail.steps_between(start, end)
+
     def proposer(self):
         """The in-process proposer object (None when vLLM runs its engine core in another process)."""
         try:

@@ -10,12 +10,13 @@ and settles each against the final tokens: accepted = common prefix of draft and
 from __future__ import annotations
 
 import json
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from pathlib import Path
 
 from agentspec_sdk.drafting.fingerprint import prefix_hashes
 
 MAX_OPEN_DRAFTS = 200_000  # drafts not yet claimed by a finished request (aborted ones age out)
+MAX_STEP_LOG = 1_000_000
 
 
 class RecordsTail:
@@ -33,6 +34,7 @@ class RecordsTail:
         self.errors = 0
         self.batch_errors = 0
         self.rounds: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.step_log: deque[tuple[float, int, int]] = deque(maxlen=MAX_STEP_LOG)  # (t, rows, drafted)
 
     def poll(self) -> None:
         try:
@@ -66,6 +68,8 @@ class RecordsTail:
             self.proposer_s += float(rec.get("proposer_s", 0.0))
             self.errors += int(rec.get("errors", 0))
             self.batch_errors += int(bool(rec.get("batch_error")))
+            if "t" in rec:
+                self.step_log.append((float(rec["t"]), int(rec.get("rows", 0)), int(rec.get("drafted", 0))))
         elif kind == "round":
             tot = self.rounds[(rec["law_class"], rec["source"])]
             tot[0] += 1
@@ -96,6 +100,10 @@ class RecordsTail:
                             "source": rec["source"], "drafted": len(tokens), "accepted": accepted,
                             "tokens": list(tokens)})
         return records
+
+    def steps_between(self, start: float, end: float) -> list[dict]:
+        """The proposer's steps that began in [start, end] (wall-clock), oldest first."""
+        return [{"t": t, "rows": r, "drafted": d} for t, r, d in self.step_log if start <= t <= end]
 
     def proposer_stats(self) -> dict:
         by_source = {f"{cls}/{src}": {"rounds": r, "drafted": d, "accepted": a}

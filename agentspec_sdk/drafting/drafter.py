@@ -216,15 +216,15 @@ class StructureDrafter:
     def propose(self, rows: Sequence[RowInput]) -> list[list[int]]:
         """One draft per row (empty = none). Never raises: a failing row, or a failing step, drafts
         nothing and is counted in `stats()["errors"]`."""
-        started = time.perf_counter()
+        started, at = time.perf_counter(), time.time()
         try:
-            return self._propose(rows, started)
+            return self._propose(rows, started, at)
         except Exception:
             self._rows = []
-            self.accounting.end_step(len(rows), 0, time.perf_counter() - started, max(1, len(rows)))
+            self.accounting.end_step(len(rows), 0, time.perf_counter() - started, max(1, len(rows)), at)
             return [[] for _ in rows]
 
-    def _propose(self, rows: Sequence[RowInput], started: float) -> list[list[int]]:
+    def _propose(self, rows: Sequence[RowInput], started: float, at: float) -> list[list[int]]:
         self._check_plan()
         errors = 0
         states = self._match_rows(rows)
@@ -252,7 +252,7 @@ class StructureDrafter:
             if st is not None and draft and cand is not None:
                 st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft,
                                           cand.sources[: len(draft)])
-        self.accounting.end_step(len(rows), sum(map(len, drafts)), time.perf_counter() - started, errors)
+        self.accounting.end_step(len(rows), sum(map(len, drafts)), time.perf_counter() - started, errors, at)
         return drafts
 
     def _match_rows(self, rows: Sequence[RowInput]) -> list[_Row | None]:

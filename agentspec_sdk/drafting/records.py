@@ -7,13 +7,17 @@ rounds are kept in memory and, when the plan names a `records_path`, appended to
 
     {"type": "round", "position": 412, "prefix_hash": 1234..., "kind": "tool_call", "law_class": "S",
      "source": "forced", "drafted": 6, "accepted": 6}
-    {"type": "step", "rows": 8, "drafted": 23, "proposer_s": 0.00041, "errors": 0}
+    {"type": "step", "t": 1764512345.123456, "rows": 8, "drafted": 23, "proposer_s": 0.00041, "errors": 0}
+
+`t` is the wall-clock time the step's `propose` call began: the gap to the next step's `t` is the
+target pass that verified this step's drafts, which is how the replay fits the verify cost delta.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,13 +105,15 @@ class Accounting:
         if self.records_path is not None:
             self._buffer.append(json.dumps({"type": "round", **rnd.to_dict()}))
 
-    def end_step(self, rows: int, drafted: int, seconds: float, errors: int) -> None:
+    def end_step(self, rows: int, drafted: int, seconds: float, errors: int, at: float | None = None) -> None:
+        """`at`: wall-clock time (time.time()) the step began; default: now minus `seconds`."""
         self.steps += 1
         self.rows_seen += rows
         self.proposer_s += seconds
         self.errors += errors
         if self.records_path is not None:
-            self._buffer.append(json.dumps({"type": "step", "rows": rows, "drafted": drafted,
+            at = time.time() - seconds if at is None else at
+            self._buffer.append(json.dumps({"type": "step", "t": round(at, 6), "rows": rows, "drafted": drafted,
                                             "proposer_s": round(seconds, 7), "errors": errors}))
             self.flush()
 

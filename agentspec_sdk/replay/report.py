@@ -120,6 +120,64 @@ def fit_costs_from_turns(logs_by_mode: Mapping[str, list[TurnLog]]) -> dict:
             "method": "per-turn least squares of step time on drafted tokens per step; d = 0 (model-free drafter)"}
 
 
+def fit_costs_from_steps(steps_by_run: Mapping[Any, list[Mapping]], min_steps: int = 30) -> dict | None:
+    """Verify cost from the proposer's step log: the gap between two consecutive steps is the target
+    pass that verified the first step's drafts, so per step
+
+        seconds = a + b rows + c drafted
+
+    by least squares (gaps over 3× the run's median are dropped: idle time while every agent waits on a
+    tool, prefills of newly arrived turns). One row's pass costs a + b, an extra verified token c, so the
+    law's delta for one sequence is c / (a + b); measured per row in a step of n rows, as throughput
+    counts it, it is c n / (a + b n) (`delta_at`). None when there are too few steps or no spread in
+    the drafted counts."""
+    rows_, drafted_, secs = [], [], []
+    for steps in steps_by_run.values():
+        ordered = sorted(steps, key=lambda s: s["t"])
+        gaps = [(b["t"] - a["t"], a["rows"], a["drafted"]) for a, b in zip(ordered, ordered[1:], strict=False)
+                if a["rows"] > 0 and b["t"] > a["t"]]
+        if not gaps:
+            continue
+        cut = 3.0 * float(np.median([g[0] for g in gaps]))
+        for gap, n, k in gaps:
+            if gap <= cut:
+                secs.append(gap)
+                rows_.append(n)
+                drafted_.append(k)
+    if len(secs) < min_steps or float(np.ptp(drafted_)) == 0.0:
+        return None
+    y = np.asarray(secs, dtype=float)
+    if np.ptp(rows_) == 0:
+        # one batch size: a and b cannot be told apart; the pass is taken as proportional to its rows
+        x = np.column_stack([np.ones(len(y)), drafted_]).astype(float)
+        (pass_s, c), *_ = np.linalg.lstsq(x, y, rcond=None)
+        a, b, c = 0.0, float(pass_s) / rows_[0], float(c)
+        resid = y - x @ np.array([pass_s, c])
+    else:
+        x = np.column_stack([np.ones(len(y)), rows_, drafted_]).astype(float)
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        a, b, c = (float(v) for v in coef)
+        resid = y - x @ coef
+    one_row = a + b
+    if one_row <= 0 or c < 0:
+        return None
+    return {"c_t": one_row, "delta": c / one_row, "d": 0.0, "steps": len(secs),
+            "coef": {"a_s": a, "b_s_per_row": b, "c_s_per_token": c},
+            "rmse_s": float(np.sqrt(np.mean(resid ** 2))),
+            "method": "proposer step log: least squares of step time on rows and drafted tokens; "
+                      "delta = c / (a + b) for one sequence, delta_at(n) = c n / (a + b n) per row of an "
+                      "n-row step; d = 0 (model-free drafter)"}
+
+
+def delta_at(costs: Mapping, rows: float) -> float:
+    """The verify cost of one draft token per row of a step with `rows` rows (see fit_costs_from_steps)."""
+    coef = costs.get("coef")
+    if not coef or rows <= 0:
+        return float(costs["delta"])
+    a, b, c = coef["a_s"], coef["b_s_per_row"], coef["c_s_per_token"]
+    return c * rows / (a + b * rows)
+
+
 def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int, entropies: Mapping[str, list] | None = None) -> dict:
     """kappa and rho per class from the round records. With per-class next-token entropies,
     rho_c = exp(-mean H_c) and kappa is fitted by maximum likelihood; without them kappa is not
@@ -147,19 +205,20 @@ def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int, entropies: Map
     }
 
 
-def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int) -> dict:
+def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int, delta: float | None = None) -> dict:
     """The law's tau, saving and breakeven w_S* at schema mix `w` with the fitted parameters, at
     draft length `gamma` (the runs pass the mean drafted length per round: the budget and the
-    grammar end many drafts before gamma_max)."""
+    grammar end many drafts before gamma_max) and verify cost `delta` (default: the fitted one)."""
     shares = {c: float(w.get(c) or 0.0) for c in CLASSES}
     total = sum(shares.values())
     if total <= 0:
         return {}
     shares = {c: v / total for c, v in shares.items()}
-    params = law.LawParams(fit["kappa"], fit["delta"], fit["d"])
+    delta = fit["delta"] if delta is None else delta
+    params = law.LawParams(fit["kappa"], delta, fit["d"])
     mix = law.ClassMix(shares, dict(fit["rho"]))
     rep = law.evaluate(params, mix, gamma).to_dict()
-    return {"gamma": gamma, "w_s": shares["S"], "tau": rep["tau"], "tau_by_class": rep["tau_by_class"],
+    return {"gamma": gamma, "delta": delta, "w_s": shares["S"], "tau": rep["tau"], "tau_by_class": rep["tau_by_class"],
             "saving": rep["saving"], "speedup": rep["speedup"], "w_s_star": rep["w_s_star_exact"],
             "w_s_star_approx": rep["w_s_star_approx"], "w_s_star_reason": rep["w_s_star_exact_reason"],
             "eps_bar": rep["eps_bar"]}
@@ -191,22 +250,34 @@ def _clean(x: Any) -> Any:
 
 def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta: Mapping, primary: Mapping,
                  partial: bool = False, compositions: Iterable[law.CompositionCheck] = (),
-                 entropies: Mapping[str, list] | None = None) -> dict:
+                 entropies: Mapping[str, list] | None = None,
+                 steps: Mapping[tuple, list[Mapping]] | None = None) -> dict:
     """`runs`: summaries; `logs`: per run key + mode, the turn logs; `primary`: {"batch", "gamma"}
-    of the configuration the top-level `speedup` table reports."""
+    of the configuration the top-level `speedup` table reports; `steps`: per run key + mode, the
+    structure proposer's step log (`Engine.step_log`), for the verify cost."""
     add_speedups(runs)
     gamma = int(primary["gamma"])
     spec_logs = [log for (key, mode), ls in logs.items() if mode.startswith("structure") for log in ls]
     if not spec_logs:
         spec_logs = [log for (key, mode), ls in logs.items() if mode in SPECULATIVE for log in ls]
     timing_logs = {f"{key}/{mode}": ls for (key, mode), ls in logs.items() if mode in ("off", "structure")}
-    costs = fit_costs_from_turns(timing_logs)
+    structure_steps = {k: v for k, v in (steps or {}).items() if k[1] == "structure" and v}
+    step_costs = fit_costs_from_steps(structure_steps)
+    costs = step_costs or fit_costs_from_turns(timing_logs)
+    mean_rows = {k: float(np.mean([s["rows"] for s in v])) for k, v in structure_steps.items()}
+    if step_costs is not None:
+        primary_rows = [n for (key, _), n in mean_rows.items() if key[1] == primary["batch"]]
+        if primary_rows:  # the law section speaks for the primary batch size
+            costs = {**costs, "delta_one_row": costs["delta"], "delta": delta_at(costs, float(np.mean(primary_rows))),
+                     "primary_mean_rows": float(np.mean(primary_rows))}
     fit = fit_law(spec_logs, costs, gamma, entropies) if any(log.records for log in spec_logs) else None
 
     measured, speedup = [], {}
     for r in runs:
         if fit is not None and r["mode"] in SPECULATIVE and r["output_tokens"] and r["rounds"]:
-            r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])))
+            n = mean_rows.get((run_key(r), r["mode"]))
+            r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])),
+                                     delta_at(costs, n) if n and step_costs is not None else None)
         if r["mode"] != "off" and r["saving_measured"] is not None and r["w"]["S"] is not None:
             measured.append({"arm": r["arm"], "mode": r["mode"], "gamma": r["gamma"], "batch": r["batch"],
                              "w_s": r["w"]["S"], "saving": r["saving_measured"]})

@@ -90,7 +90,7 @@ def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
                    emit: Callable[[tuple], None], t0: float) -> None:
     """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
     `emit` receives ("started", seconds to a warm engine), ("status", text), ("turn", TurnLog) and
-    ("run", summary, logs) events in order."""
+    ("run", summary, logs, proposer steps) events in order."""
     tools = _unique_tools(plan.arms)
     if tools and hasattr(engine, "register_tools"):
         engine.register_tools(tools)
@@ -99,6 +99,7 @@ def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
     for arm in plan.arms:
         for b in plan.batches:
             emit(("status", f"{_label(cfg)}: arm {arm.name}, b={b}"))
+            began = time.time()
             run = replay(engine, arm.episodes, tokenizer=tokenizer, concurrency=b,
                          max_tokens=arm.max_tokens, max_steps=arm.max_steps,
                          max_segments=arm.max_segments, tool_choice=arm.tool_choice,
@@ -107,7 +108,8 @@ def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
             summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
                                 wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
                                 interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
-            emit(("run", summary, run.logs))
+            steps = engine.step_log(began, time.time()) if hasattr(engine, "step_log") else []
+            emit(("run", summary, run.logs, steps))
             if run.interrupted:
                 raise KeyboardInterrupt
 
@@ -181,6 +183,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
     custom backend) the engines are built here, one after another, and `tokenizer` is used."""
     runs: list[dict] = []
     logs: dict[tuple, list[TurnLog]] = {}
+    steps: dict[tuple, list[dict]] = {}
     starts: dict[str, float] = {}
     meta = {**plan.meta, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
             "arms": [a.name for a in plan.arms], "batches": plan.batches,
@@ -189,7 +192,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
             "engine_process": "in-process" if engine_factory is not None else "one spawned process per config"}
 
     def report(partial: bool) -> dict:
-        rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial)
+        rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps)
         write_report(rep, out_dir, plots=plots)
         return rep
 
@@ -205,7 +208,9 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
             elif kind == "run":
                 summary, run_logs = event[1], event[2]
                 runs.append(summary)
-                logs[((summary["arm"], summary["batch"], cfg.gamma, cfg.prefix_cache), cfg.mode)] = run_logs
+                key = ((summary["arm"], summary["batch"], cfg.gamma, cfg.prefix_cache), cfg.mode)
+                logs[key] = run_logs
+                steps[key] = event[3]
         return handle
 
     try:
