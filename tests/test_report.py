@@ -1,6 +1,7 @@
 """Report aggregation, the law fit and its predictions, atomic writes and interrupted runs."""
 
 import json
+import math
 import types
 from concurrent.futures import Future
 
@@ -136,6 +137,49 @@ def test_report_takes_delta_from_the_step_log_and_predicts_each_run_at_its_batch
     assert costs["delta_one_row"] < rep["law"]["delta"]  # a token costs more per row in a batch
     run = next(r for r in rep["runs"] if r["mode"] == "structure")
     assert run["predicted"]["delta"] == pytest.approx(rep["law"]["delta"])
+
+
+def test_kappa_is_fitted_when_the_report_has_entropies():
+    off = [log(decode_s=2.0, prompt_hash=f"p{i}") for i in range(4)]
+    spec = [log(decode_s=1.0, prompt_hash=f"p{i}", records=spec_records()[i::4]) for i in range(4)]
+    runs = [summarize(off, arm="D", mode="off", gamma=8, batch=8, wall_s=8.0),
+            summarize(spec, arm="D", mode="structure", gamma=8, batch=8, wall_s=4.0)]
+    logs = {(("D", 8, 8, True), "off"): off, (("D", 8, 8, True), "structure"): spec}
+    entropies = {"S": [0.02] * 40, "R": [0.6] * 40, "F": [1.6] * 40}
+    rep = build_report(runs, logs, meta={}, primary={"batch": 8, "gamma": 8}, entropies=entropies)
+    fit = rep["law_fit"]
+    assert fit["method"].startswith("rho = exp(-H)")
+    assert fit["rho"]["R"] == pytest.approx(math.exp(-0.6))
+    assert fit["entropy_mean"] == pytest.approx({"S": 0.02, "R": 0.6, "F": 1.6})
+    assert 0.0 < fit["kappa"] < 2.0 and fit["kappa"] != 1.0
+    assert fit["kappa_fit"]["ci_low"] <= fit["kappa"] <= fit["kappa_fit"]["ci_high"]
+    # a class with rho = 1 (zero entropy) that shows rejections cannot be fitted: kappa falls back to 1
+    rep = build_report(runs, logs, meta={}, primary={"batch": 8, "gamma": 8},
+                       entropies={"S": [0.0] * 40, "R": [0.6] * 40, "F": [1.6] * 40})
+    assert rep["law_fit"]["kappa"] == 1.0 and "kappa not fitted" in rep["law_fit"]["method"]
+
+
+def test_class_entropies_on_the_real_model():
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.replay.entropy import class_entropies
+    from agentspec_sdk.replay.loop import TokenClassifier
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model())
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = hf_tokenizer.encode(hf_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    text = 'Paris. <tool_call>{"name":"f","arguments":{}}</tool_call>'
+    out = hf_tokenizer.encode(text)
+    spans = [{"start": 0, "end": 7, "law_class": "R"}, {"start": 7, "end": len(text), "law_class": "S"}]
+    labels = TokenClassifier(hf_tokenizer).labels(text, out, spans)
+    assert len(labels) == len(out) and labels[0] == "R" and labels[-1] == "S"
+    turn = log(token_ids=out)
+    turn.prompt_ids, turn.token_classes = prompt, labels
+    ent = class_entropies(None, [turn, turn])  # the duplicate is scored once
+    assert {c: len(v) for c, v in ent.items()} == {c: labels.count(c) for c in set(labels)}
+    assert all(h >= 0.0 and math.isfinite(h) for v in ent.values() for h in v)
+    assert all(h <= math.log(len(hf_tokenizer)) + 1e-6 for v in ent.values() for h in v)  # at most uniform
 
 
 def test_lossless_mismatch_rejects_r4():

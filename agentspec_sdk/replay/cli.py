@@ -97,6 +97,9 @@ def demo(out: OUT = Path("agentspec-demo"),
          modes: Annotated[str | None, typer.Option("--modes", help="comma list of off,ngram,structure,...")] = None,
          max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="tokens per assistant turn")] = None,
          traces: Annotated[Path | None, typer.Option("--traces", help="trace file (default: bundled)")] = None,
+         entropies: Annotated[bool, typer.Option("--entropies/--no-entropies",
+                                                 help="score the off outputs with the model in transformers "
+                                                      "afterwards (kappa fitted; ≈ 20 s)")] = False,
          eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Replay the bundled BFCL agent traces with speculation off / structure / ngram and report."""
     from agentspec_sdk.replay.arms import build_arm
@@ -108,6 +111,7 @@ def demo(out: OUT = Path("agentspec-demo"),
                         trace_path=traces, max_segments=1 if quick else 2)
         plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=[arm], batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
+                    entropies=entropies,
                     meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
         _execute(plan, out, "demo")
     except AgentSpecError as err:
@@ -126,6 +130,9 @@ def bench(out: OUT = Path("agentspec-bench"),
           prefix_check: Annotated[bool, typer.Option("--prefix-check/--no-prefix-check",
                                                      help="R3: also run off/structure without prefix caching")] = True,
           primary_gamma: Annotated[int, typer.Option("--primary-gamma")] = 8,
+          entropies: Annotated[bool, typer.Option("--entropies/--no-entropies",
+                                                  help="after the timed runs, score the off outputs with the "
+                                                       "model in transformers: rho_c = exp(-H_c), kappa fitted")] = True,
           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
     from agentspec_sdk.replay.arms import MODES, build_arm
@@ -147,7 +154,7 @@ def bench(out: OUT = Path("agentspec-bench"),
         arm_list = [build_arm(a, n, max_tokens=max_tokens, max_segments=max_segments) for a in _csv(arms)]
         plan = Plan(configs=configs, arms=arm_list, batches=batch_list,
                     primary={"batch": max(batch_list), "gamma": primary_gamma}, model=model, seed=seed,
-                    enforce_eager=eager,
+                    enforce_eager=eager, entropies=entropies,
                     meta={"command": "bench", "sources": {
                         "A": "CPython reference text, stdlib pydoc_data.topics",
                         "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",

@@ -52,6 +52,8 @@ class TurnLog:
     token_ids: list[int] = field(default_factory=list)
     prompt_hash: str = ""
     spec: dict | None = None  # vLLM's per-request spec-decode counters (ngram has no per-class records)
+    token_classes: str = ""  # law class of each output token ("SSSR…")
+    prompt_ids: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,20 +103,34 @@ class TokenClassifier:
 
     def counts(self, text: str, token_ids: list[int], spans: list[Any]) -> dict[str, int]:
         out = {"S": 0, "R": 0, "F": 0}
+        for cls in self.labels(text, token_ids, spans):
+            out[cls] = out.get(cls, 0) + 1
+        return out
+
+    def labels(self, text: str, token_ids: list[int], spans: list[Any]) -> str:
+        """The law class of each token, one letter per token."""
         if not token_ids:
-            return out
+            return ""
         bounds = [(_get(s, "start"), _get(s, "end"), _law(s)) for s in spans]
         pos = 0
         last = bounds[-1][2] if bounds else "F"
+        out = []
         for tid in token_ids:
             cls = last
             for start, end, law in bounds:
                 if start <= pos < end:
                     cls = law
                     break
-            out[cls] = out.get(cls, 0) + 1
+            out.append(cls)
             pos = min(pos + self._length(tid), len(text))
-        return out
+        return "".join(out)
+
+
+def _counts(labels: str) -> dict[str, int]:
+    out = {"S": 0, "R": 0, "F": 0}
+    for cls in labels:
+        out[cls] = out.get(cls, 0) + 1
+    return out
 
 
 def _hash(ids: Any) -> str:
@@ -210,15 +226,17 @@ def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier:
                               request_id=f"{agent}/{seg}/{step}", agent_id=agent)
             res = engine.submit(req).result(timeout=TURN_TIMEOUT_S)
             calls = parse_calls(episode.format, res.text) if res.error is None else []
+            labels = classifier.labels(res.text, list(res.token_ids), list(res.spans or []))
             log = TurnLog(
                 episode=agent, segment=seg, step=step, text=res.text, output_tokens=len(res.token_ids),
                 prompt_tokens=len(res.prompt_token_ids or []),
-                tokens_by_class=classifier.counts(res.text, list(res.token_ids), list(res.spans or [])),
+                tokens_by_class=_counts(labels),
                 acceptance={k: dict(v) for k, v in (res.acceptance or {}).items()},
                 records=[dict(r) if isinstance(r, dict) else asdict(r) for r in (res.records or [])],
                 timings=dict(res.timings or {}), finish_reason=res.finish_reason, error=res.error,
                 tool_calls=calls, token_ids=list(res.token_ids),
-                prompt_hash=_hash(res.prompt_token_ids or []), spec=getattr(res, "spec", None))
+                prompt_hash=_hash(res.prompt_token_ids or []), spec=getattr(res, "spec", None),
+                token_classes=labels, prompt_ids=list(res.prompt_token_ids or []))
             messages.append({"role": "assistant", "content": res.text})
             produced.append(Turn("assistant", res.text, tool_calls=calls))
             for call in calls:

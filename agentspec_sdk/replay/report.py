@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from agentspec_sdk import law
+from agentspec_sdk.errors import LawInputError
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.trace import atomic_write_text
 
@@ -185,20 +186,27 @@ def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int, entropies: Map
     records = round_records(spec_logs)
     acc = law.acceptance_by_class(records)
     alpha = {c: acc[c].alpha for c in acc}
+    kappa_fit = None
+    entropy_mean = {c: float(np.mean(h)) for c, h in (entropies or {}).items() if h}
     if entropies and all(entropies.get(c) for c in alpha):
         rho = law.rho_from_entropies({c: entropies[c] for c in CLASSES if entropies.get(c)})
-        fit = law.fit_kappa(records, rho)
-        kappa, method = fit.kappa, "rho = exp(-H) from entropies; kappa by maximum likelihood"
-        kappa_fit = fit.to_dict()
-    else:
+        try:
+            fit = law.fit_kappa(records, rho)
+            kappa, method = fit.kappa, "rho = exp(-H) from entropies; kappa by maximum likelihood"
+            kappa_fit = fit.to_dict()
+        except LawInputError as exc:
+            kappa_fit = {"error": str(exc)}
+    if kappa_fit is None or "error" in kappa_fit:
+        why = f"kappa not fitted ({kappa_fit['error']})" if kappa_fit else "no entropies"
         rho = {c: min(max(a, 1e-3), 1.0) for c, a in alpha.items()}
-        kappa, method, kappa_fit = 1.0, "kappa fixed at 1 (no entropies): rho_c = per-position acceptance", None
+        kappa, method = 1.0, f"kappa fixed at 1 ({why}): rho_c = per-position acceptance"
     missing = [c for c in CLASSES if c not in rho]
     floor = min(rho.values()) if rho else 0.5
     for c in missing:
         rho[c] = floor
     return {
         "kappa": kappa, "rho": {c: rho[c] for c in CLASSES}, "rho_assumed": missing, "method": method,
+        "entropy_mean": entropy_mean,
         "kappa_fit": kappa_fit, "delta": costs["delta"], "d": costs["d"], "c_t": costs["c_t"],
         "costs": dict(costs), "gamma": gamma,
         "acceptance": {c: a.to_dict() for c, a in acc.items()},

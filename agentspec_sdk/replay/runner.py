@@ -36,6 +36,7 @@ class Plan:
     max_model_len: int = 4096
     latency_scale: float = 1.0
     enforce_eager: bool = True  # skip torch.compile: ~15 s per engine start instead of ~90 s here
+    entropies: bool = False  # after the timed runs: the target's next-token entropies per class (kappa fit)
     meta: dict = field(default_factory=dict)
 
     def expected_turns(self) -> int:
@@ -191,8 +192,11 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
             "enforce_eager": plan.enforce_eager,
             "engine_process": "in-process" if engine_factory is not None else "one spawned process per config"}
 
+    entropies: dict[str, list[float]] = {}
+
     def report(partial: bool) -> dict:
-        rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps)
+        rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
+                           entropies=entropies or None)
         write_report(rep, out_dir, plots=plots)
         return rep
 
@@ -227,6 +231,19 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
                 finally:
                     engine.close()
             report(partial=True)
+        if plan.entropies and engine_factory is None:
+            from agentspec_sdk.replay.entropy import class_entropies
+
+            if on_status:
+                on_status("entropies of the target per class")
+            t0 = time.perf_counter()
+            try:
+                entropies.update(class_entropies(plan.model, [log for (key, mode), ls in logs.items()
+                                                              if mode == "off" for log in ls]))
+            except Exception as exc:  # the timed results stand without them; the report says why
+                meta["entropy_error"] = f"{type(exc).__name__}: {exc}"
+            meta["entropy_s"] = time.perf_counter() - t0
+            meta["entropy_positions"] = {c: len(h) for c, h in entropies.items()}
     except KeyboardInterrupt:
         report(partial=True)
         raise
