@@ -180,6 +180,12 @@ def test_class_entropies_on_the_real_model():
     assert {c: len(v) for c, v in ent.items()} == {c: labels.count(c) for c in set(labels)}
     assert all(h >= 0.0 and math.isfinite(h) for v in ent.values() for h in v)
     assert all(h <= math.log(len(hf_tokenizer)) + 1e-6 for v in ent.values() for h in v)  # at most uniform
+    # under a grammar that allows only this text, the masked distribution is (nearly) certain
+    constrained = log(token_ids=out, prompt_hash="q")
+    constrained.prompt_ids, constrained.token_classes = prompt, labels
+    constrained.grammar = "start: " + json.dumps(text) + ' "<|im_end|>"'
+    masked = class_entropies(None, [constrained])
+    assert sum(masked["S"]) < 0.1 * sum(ent["S"]) and max(masked["S"]) < 0.7
 
 
 def test_lossless_mismatch_rejects_r4():

@@ -54,6 +54,7 @@ class TurnLog:
     spec: dict | None = None  # vLLM's per-request spec-decode counters (ngram has no per-class records)
     token_classes: str = ""  # law class of each output token ("SSSR…")
     prompt_ids: list[int] = field(default_factory=list)
+    grammar: str = ""  # the request's Lark grammar ("" = none)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -236,7 +237,7 @@ def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier:
                 timings=dict(res.timings or {}), finish_reason=res.finish_reason, error=res.error,
                 tool_calls=calls, token_ids=list(res.token_ids),
                 prompt_hash=_hash(res.prompt_token_ids or []), spec=getattr(res, "spec", None),
-                token_classes=labels, prompt_ids=list(res.prompt_token_ids or []))
+                token_classes=labels, prompt_ids=list(res.prompt_token_ids or []), grammar=step_grammar or "")
             messages.append({"role": "assistant", "content": res.text})
             produced.append(Turn("assistant", res.text, tool_calls=calls))
             for call in calls:
