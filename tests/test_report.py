@@ -188,6 +188,22 @@ def test_class_entropies_on_the_real_model():
     assert sum(masked["S"]) < 0.1 * sum(ent["S"]) and max(masked["S"]) < 0.7
 
 
+def test_headline_compares_structure_with_the_best_ngram():
+    from agentspec_sdk.replay.cli import headline
+
+    def run(arm, mode, gamma, tok_s):
+        return {"arm": arm, "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True, "decode_tok_s": tok_s}
+
+    rep = {"primary": {"batch": 8, "gamma": 8}, "verdicts": [],
+           "runs": [run("D", "off", 8, 10.0), run("D", "ngram", 4, 12.0), run("D", "ngram", 8, 14.0),
+                    run("D", "structure", 8, 21.0), run("D", "structure", 16, 28.0),
+                    run("A", "off", 8, 10.0), run("A", "structure", 8, 9.9)]}
+    lines = headline(rep)
+    assert lines[0].startswith("Arm D, b=8: structure (γ=8) 2.10× off")
+    assert "1.50× best ngram (γ=8)" in lines[1] and "best structure (γ=16) 2.00×" in lines[1]
+    assert lines[2].startswith("Arm A, b=8: structure (gated) 0.99× off")
+
+
 def test_lossless_mismatch_rejects_r4():
     rep = report_from(mismatch=True)
     assert rep["lossless"]["mismatched"] == 1
