@@ -163,7 +163,7 @@ def test_class_entropies_on_the_real_model():
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.replay.entropy import class_entropies
+    from agentspec_sdk.backends.target_entropy import class_entropies
     from agentspec_sdk.replay.loop import TokenClassifier
 
     hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model())

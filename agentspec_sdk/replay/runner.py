@@ -232,7 +232,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
                     engine.close()
             report(partial=True)
         if plan.entropies and engine_factory is None:
-            from agentspec_sdk.replay.entropy import class_entropies
+            from agentspec_sdk.backends.target_entropy import class_entropies
 
             if on_status:
                 on_status("entropies of the target per class")

@@ -12,15 +12,15 @@ JSON it could never write there (measured on the bundled traces: S 1.22 nats raw
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from agentspec_sdk.replay.loop import TurnLog
+from typing import Any
 
 MAX_TOKENS = 60_000  # prompt + output tokens scored in all; beyond it turns are skipped (bounded time)
 
 
-def class_entropies(model: str | None, logs: Iterable[TurnLog], *, max_tokens: int = MAX_TOKENS) -> dict[str, list[float]]:
-    """{class: [entropy in nats per output position]} over the distinct turns of `logs` that carry
-    prompt ids and per-token classes."""
+def class_entropies(model: str | None, logs: Iterable[Any], *, max_tokens: int = MAX_TOKENS) -> dict[str, list[float]]:
+    """{class: [entropy in nats per output position]} over the distinct turns of `logs` (the replay's
+    TurnLog: `prompt_ids`, `token_ids`, `token_classes`, `grammar`, `prompt_hash`) that carry prompt
+    ids and per-token classes."""
     import torch
     from transformers import AutoModelForCausalLM
 
