@@ -72,7 +72,9 @@ def structure_drafter(gamma: int, tools: list[dict]):
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
     model = resolve_model(None)
-    plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma)
+    # learn_delta off: the simulated steps have no target pass to time
+    plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
+                     learn_delta=False)
     drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model))
     return lambda histories: drafter.propose([RowInput(h) for h in histories])
 

@@ -211,6 +211,26 @@ def test_an_environment_segment_the_model_writes_gets_lookup_drafts_within_it(to
     assert drafter.pending_draft(0).kind == "tool_response" and drafter.pending_draft(0).law_class == "F"
 
 
+def test_the_drafter_prices_tokens_with_the_delta_it_learns_from_its_step_times(tok, monkeypatch):
+    """Steps 50 ms apart plus 5 ms per drafted token: delta for one sequence = 5 / 50 = 0.1."""
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(drafter_mod.time, "time", lambda: clock["t"])
+    drafter = StructureDrafter(DraftPlan(tools=TOOLS, delta=0.02), tok)
+    fixed_plan = StructureDrafter(DraftPlan(tools=TOOLS, delta=0.02, learn_delta=False), tok)
+    prompt = _prompt(tok, "Weather in Oslo in celsius?")
+    calling = np.array(tok.encode(prompt + "<tool_call>"))  # drafts the forced call
+    musing = np.array(tok.encode(prompt + "Zq"))  # nothing to draft
+    rng = np.random.default_rng(0)
+    for _ in range(160):
+        rows = [RowInput(calling) for _ in range(int(rng.integers(0, 3)))]
+        rows += [RowInput(musing) for _ in range(int(rng.integers(1, 3)))]
+        drafts = drafter.propose(rows)
+        fixed_plan.propose(rows)
+        clock["t"] += 0.05 * len(rows) + 0.005 * sum(map(len, drafts))
+    assert drafter.stats()["delta_learned"] and drafter.stats()["delta"] == pytest.approx(0.1, rel=0.1)
+    assert fixed_plan.stats()["delta"] == 0.02 and not fixed_plan.stats()["delta_learned"]
+
+
 # -- robustness -------------------------------------------------------------------------------
 
 def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch):

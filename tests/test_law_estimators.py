@@ -184,3 +184,37 @@ def test_online_acceptance_prior_then_data_then_forgetting():
         online.update("S", "model", 2, 3)
     with pytest.raises(LawInputError, match="decay"):
         OnlineAcceptance(decay=0.0)
+
+
+def _step_times(cost, a, b, c, n, seed=0, rows=(1, 4, 8), idle_every=40):
+    rng = np.random.default_rng(seed)
+    t = 100.0
+    for i in range(n):
+        r = int(rng.choice(rows))
+        k = int(rng.integers(0, 8 * r + 1))
+        cost.observe(t, r, k)
+        t += a + b * r + c * k + rng.normal(0, 0.0005)
+        if i % idle_every == idle_every - 1:
+            t += 3.0  # every agent waited on a tool: no pass ran
+    return cost
+
+
+def test_online_step_cost_learns_delta_from_step_times():
+    from agentspec_sdk.law import OnlineStepCost
+
+    cost = OnlineStepCost(0.02)
+    assert cost.delta() == 0.02 and not cost.learned
+    _step_times(cost, 0.04, 0.002, 0.003, 30)
+    assert cost.delta() == 0.02  # too few steps: still the prior
+    _step_times(cost, 0.04, 0.002, 0.003, 600, seed=1)
+    assert cost.learned and cost.delta() == pytest.approx(0.003 / 0.042, rel=0.1)
+    # one batch size: the pass is taken as proportional to its rows
+    one = _step_times(OnlineStepCost(0.02), 0.0, 0.01, 0.003, 400, rows=(8,))
+    assert one.delta() == pytest.approx(0.003 / 0.01, rel=0.1)
+    # drafts of one size only: c cannot be fitted, the prior stays
+    flat = OnlineStepCost(0.05)
+    for i in range(200):
+        flat.observe(i * 0.05, 4, 3)
+    assert flat.delta() == 0.05 and not flat.learned
+    with pytest.raises(LawInputError):
+        OnlineStepCost(-1.0)

@@ -29,7 +29,7 @@ from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
 from agentspec_sdk.drafting.text import HistoryText, TokenBytes
 from agentspec_sdk.errors import AgentSpecError
-from agentspec_sdk.law.estimators import OnlineAcceptance
+from agentspec_sdk.law.estimators import OnlineAcceptance, OnlineStepCost
 from agentspec_sdk.structure.formats import AgentFormat, LawClass
 from agentspec_sdk.structure.segmenter import Segmenter
 
@@ -161,6 +161,7 @@ class StructureDrafter:
         self._turn_start_default, self.turn_end = _turn_markers(tokenizer)
         self._rows: list[_Row | None] = []
         self.accounting = Accounting(OnlineAcceptance(plan.prior_acceptance), plan.records_path)
+        self.cost = OnlineStepCost(plan.delta)
         self._apply_plan(plan)
 
     @classmethod
@@ -178,7 +179,7 @@ class StructureDrafter:
         self.turn_start = plan.turn_start or self._turn_start_default
         self.step_budget = plan.effective_step_budget()
         self.gamma = plan.gamma_max if self.max_draft is None else min(plan.gamma_max, self.max_draft)
-        self.price = plan.delta + plan.d
+        self.cost.prior = plan.delta
         registry = plan.registry()
         self.grammar_error: str | None = None
         self._registry = registry if len(registry) else None
@@ -247,6 +248,8 @@ class StructureDrafter:
                 states[i] = None
         self._rows = states
         drafts = self._size(candidates)
+        if self.plan.learn_delta:
+            self.cost.observe(at, len(rows), sum(map(len, drafts)))
         for i, draft in enumerate(drafts):
             st, cand = states[i], candidates[i]
             if st is not None and draft and cand is not None:
@@ -503,7 +506,7 @@ class StructureDrafter:
                     if src not in cache:
                         cache[src] = acc.alpha(c.law_class, src)
                     alphas[i, j] = cache[src]
-        price = batch_price(self.price, len(candidates))
+        price = batch_price(self.price, len(candidates))  # per row of this step
         if self.plan.budget:
             sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:
@@ -523,9 +526,15 @@ class StructureDrafter:
         state = states[row] if 0 <= row < len(states) else None
         return state.pending if state is not None else None
 
+    @property
+    def price(self) -> float:
+        """delta + d for one sequence: the learned delta once the step times allow, else the plan's."""
+        return (self.cost.delta() if self.plan.learn_delta else self.plan.delta) + self.plan.d
+
     def stats(self) -> dict:
         return {**self.accounting.stats(), "plan_version": self.plan.version,
-                "grammar_error": self.grammar_error}
+                "grammar_error": self.grammar_error, "delta": self.price - self.plan.d,
+                "delta_learned": self.plan.learn_delta and self.cost.learned}
 
     def reset_stats(self) -> None:
         self.accounting.reset()

@@ -36,7 +36,8 @@ class DraftPlan:
     gamma_max: int = 8
     step_budget: int | None = None  # draft tokens per step over all rows; None: no cap (the price sizes drafts)
     kappa: float = 1.0
-    delta: float = 0.02  # verify cost of one extra token / one target pass (CPU: small, measure it)
+    delta: float = 0.02  # verify cost of one extra token / one target pass; the prior when learn_delta
+    learn_delta: bool = True  # learn delta from the proposer's own step times (law.OnlineStepCost)
     d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
     prior_acceptance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PRIOR))
     gate: bool = True

@@ -44,6 +44,7 @@ from agentspec_sdk.law.estimators import (
     CostFit,
     KappaFit,
     OnlineAcceptance,
+    OnlineStepCost,
     RoundRecord,
     acceptance_by_class,
     entropy_from_logprobs,
@@ -68,7 +69,7 @@ from agentspec_sdk.law.verdicts import (
 __all__ = [
     "CLASSES", "DEFAULT_GAMMA_MAX", "ArmSaving", "Breakeven", "ClassAcceptance", "ClassMix",
     "CompositionCheck", "CostFit", "GammaChoice", "KappaFit", "LawParams", "LawReport", "Limit",
-    "Marginal", "OnlineAcceptance", "RoundRecord", "Verdict", "acceptance_by_class", "best_gamma",
+    "Marginal", "OnlineAcceptance", "OnlineStepCost", "RoundRecord", "Verdict", "acceptance_by_class", "best_gamma",
     "breakeven_w_s", "composition_cost", "cost_ratio", "dtau_deps", "entropy_floor",
     "entropy_from_logprobs", "eps_bar", "eps_star", "eps_star_exact", "evaluate", "fit_costs",
     "fit_kappa", "gamma_opt", "marginal_tau", "mismatch", "net_cost", "rho_from_entropies",

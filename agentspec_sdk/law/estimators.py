@@ -389,3 +389,86 @@ class OnlineAcceptance:
 
     def snapshot(self) -> dict:
         return {f"{c}/{s if s is not None else '*'}": self.alpha(c, s) for (c, s) in self._cells}
+
+
+class OnlineStepCost:
+    """The verify cost delta, learned from the drafter's own step times while it runs.
+
+    The gap between two consecutive `propose` calls is the target pass that verified the first call's
+    drafts, so `seconds = a + b rows + c drafted` is fitted by least squares with exponential
+    forgetting (memory about 1 / (1 - decay) steps). Gaps over `max_gap_factor` times the typical gap
+    are skipped (the engine idled while every agent waited on a tool, or a long prefill ran). The
+    law's delta for one sequence is c / (a + b); with a single batch size seen, a and b cannot be told
+    apart and the pass is taken as proportional to its rows. Until `min_steps` usable gaps with spread
+    in the drafted counts, `delta()` is the prior. O(1) per step; a 3×3 solve every `solve_every`."""
+
+    __slots__ = ("prior", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx", "_xty", "_n",
+                 "_last", "_typical", "_estimate", "_since_solve", "_rows_seen", "_drafted_seen")
+
+    def __init__(self, prior_delta: float, *, decay: float = 0.995, min_steps: int = 64,
+                 max_gap_factor: float = 4.0, solve_every: int = 16):
+        if not 0.0 < decay <= 1.0:
+            raise LawInputError(f"decay must be in (0, 1], got {decay}")
+        if not math.isfinite(prior_delta) or prior_delta < 0:
+            raise LawInputError(f"prior delta must be a finite number >= 0, got {prior_delta}")
+        self.prior = float(prior_delta)
+        self.decay, self.min_steps = decay, min_steps
+        self.max_gap_factor, self.solve_every = max_gap_factor, solve_every
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._n = 0
+        self._last: tuple[float, int, int] | None = None
+        self._typical: float | None = None
+        self._estimate: float | None = None
+        self._since_solve = 0
+        self._rows_seen: set[int] = set()
+        self._drafted_seen: set[int] = set()
+
+    def observe(self, at: float, rows: int, drafted: int) -> None:
+        """A step that began at `at` (seconds, any clock) with `rows` rows and `drafted` draft tokens."""
+        last, self._last = self._last, (float(at), int(rows), int(drafted))
+        if last is None or last[1] <= 0:
+            return
+        gap = float(at) - last[0]
+        if gap <= 0:
+            return
+        if self._typical is not None and gap > self.max_gap_factor * self._typical:
+            return
+        self._typical = gap if self._typical is None else 0.95 * self._typical + 0.05 * gap
+        x = np.array([1.0, float(last[1]), float(last[2])])
+        self._xtx = self.decay * self._xtx + np.outer(x, x)
+        self._xty = self.decay * self._xty + gap * x
+        self._n += 1
+        if len(self._rows_seen) < 2:
+            self._rows_seen.add(last[1])
+        if len(self._drafted_seen) < 2:
+            self._drafted_seen.add(last[2])
+        self._since_solve += 1
+        if self._n >= self.min_steps and self._since_solve >= self.solve_every:
+            self._since_solve = 0
+            self._solve()
+
+    def _solve(self) -> None:
+        if len(self._drafted_seen) < 2:
+            return
+        if len(self._rows_seen) >= 2:
+            if np.linalg.cond(self._xtx) > 1e10:  # drafted counts move with the rows: c not identifiable
+                return
+            a, b, c = np.linalg.solve(self._xtx, self._xty)
+            one_row = a + b
+        else:  # one batch size: y = A + c k, one row's share of the pass is A / rows
+            idx = [0, 2]
+            xtx = self._xtx[np.ix_(idx, idx)]
+            if np.linalg.cond(xtx) > 1e10:
+                return
+            big_a, c = np.linalg.solve(xtx, self._xty[idx])
+            one_row = big_a / max(next(iter(self._rows_seen)), 1)
+        if one_row > 0 and c >= 0 and math.isfinite(c / one_row):
+            self._estimate = float(min(c / one_row, 0.9))
+
+    def delta(self) -> float:
+        return self.prior if self._estimate is None else self._estimate
+
+    @property
+    def learned(self) -> bool:
+        return self._estimate is not None
