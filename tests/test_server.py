@@ -249,8 +249,10 @@ def test_agent_turns_through_the_real_server(served):
     assert drafted > 0 and accepted > 0, [r.spec for r in results]
     for res in results[:2]:
         assert "<tool_call>" in res.text and "get_weather" in res.text
-    for res in results:  # the proposer's records, settled client-side, agree with vLLM's own counts
-        assert sum(rec["drafted"] for rec in res.records) == res.spec["num_draft_tokens"]
+    for res in results:  # the proposer's records, settled client-side, agree with vLLM's own counts;
+        # vLLM drops draft tokens the request grammar rejects before it verifies (and counts), so the
+        # proposer may have drafted more than vLLM counts, never fewer
+        assert sum(rec["drafted"] for rec in res.records) >= res.spec["num_draft_tokens"]
         assert sum(rec["accepted"] for rec in res.records) == res.spec["num_accepted_draft_tokens"]
     claimed = [rec for r in results for rec in r.records]
     assert claimed and {rec["law_class"] for rec in claimed} <= {"S", "R", "F"}
