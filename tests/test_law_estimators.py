@@ -218,3 +218,18 @@ def test_online_step_cost_learns_delta_from_step_times():
     assert flat.delta() == 0.05 and not flat.learned
     with pytest.raises(LawInputError):
         OnlineStepCost(-1.0)
+
+
+def test_fit_costs_without_a_drafter_cost_fits_delta_alone():
+    from agentspec_sdk.law import fit_costs
+
+    rng = np.random.default_rng(3)
+    rows = rng.integers(1, 9, 300)
+    drafted = rng.integers(0, 6, 300) * rows  # a model-free drafter: verified - rows == drafted
+    t = 0.03 * (1 + 0.08 * drafted) + 0.002 * (rows - 1) + rng.normal(0, 0.0005, 300)
+    fit = fit_costs(t, rows + drafted, None, rows)
+    assert fit.d == 0.0 and fit.d_se == 0.0
+    assert fit.c_t == pytest.approx(0.03, rel=0.03) and fit.delta == pytest.approx(0.08, rel=0.05)
+    assert fit.row_cost * fit.c_t == pytest.approx(0.002, rel=0.1)
+    with pytest.raises(LawInputError, match="collinear"):
+        fit_costs(t, rows + drafted, drafted, rows)  # d cannot be told from delta here

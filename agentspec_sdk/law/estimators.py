@@ -270,25 +270,27 @@ class CostFit:
         return asdict(self)
 
 
-def fit_costs(step_times, n_verified, n_drafted, n_rows=None) -> CostFit:
+def fit_costs(step_times, n_verified, n_drafted=None, n_rows=None) -> CostFit:
     """Fit c_T, delta and d from per-step wall times.
 
     n_verified: tokens the target scored in the step (gamma + 1 per speculating row);
-    n_drafted: tokens the drafter paid to produce (for a model-free drafter, use its cost units);
+    n_drafted: tokens the drafter paid to produce (for a model-free drafter, use its cost units;
+    None: the drafter costs nothing apart from the step, d = 0 and only delta is fitted);
     n_rows: rows in the step (1 if omitted). delta and d are only separable when n_drafted is not
     a fixed function of n_verified - n_rows (e.g. some verified tokens were forced, not drafted).
     """
     t = np.asarray(step_times, dtype=float)
     v = np.asarray(n_verified, dtype=float)
-    dr = np.asarray(n_drafted, dtype=float)
+    fit_d = n_drafted is not None
+    dr = np.asarray(n_drafted if fit_d else np.zeros_like(t), dtype=float)
     rows = np.ones_like(t) if n_rows is None else np.asarray(n_rows, dtype=float)
     if not (t.shape == v.shape == dr.shape == rows.shape) or t.ndim != 1:
         raise LawInputError(f"step_times, n_verified, n_drafted, n_rows must be 1-D of equal length, "
                             f"got shapes {t.shape}, {v.shape}, {dr.shape}, {rows.shape}")
     if np.any(t <= 0) or np.any(v < rows) or np.any(dr < 0) or np.any(rows < 1):
         raise LawInputError("need step_times > 0, n_rows >= 1, n_verified >= n_rows, n_drafted >= 0")
-    columns = [np.ones_like(t), v - rows, dr]
-    names = ["intercept", "n_verified - n_rows", "n_drafted"]
+    columns = [np.ones_like(t), v - rows] + ([dr] if fit_d else [])
+    names = ["intercept", "n_verified - n_rows"] + (["n_drafted"] if fit_d else [])
     vary_rows = bool(np.ptp(rows) > 0)
     if vary_rows:
         columns.append(rows - 1.0)
@@ -319,10 +321,11 @@ def fit_costs(step_times, n_verified, n_drafted, n_rows=None) -> CostFit:
         return float(math.sqrt(max(g @ cov @ g, 0.0)))
 
     total = float(((t - t.mean()) ** 2).sum())
+    rows_at = 3 if fit_d else 2
     return CostFit(
-        c_t=c_t, delta=float(beta[1] / c_t), d=float(beta[2] / c_t),
-        c_t_se=float(math.sqrt(cov[0, 0])), delta_se=ratio_se(1), d_se=ratio_se(2),
-        row_cost=float(beta[3] / c_t) if vary_rows else None,
+        c_t=c_t, delta=float(beta[1] / c_t), d=float(beta[2] / c_t) if fit_d else 0.0,
+        c_t_se=float(math.sqrt(cov[0, 0])), delta_se=ratio_se(1), d_se=ratio_se(2) if fit_d else 0.0,
+        row_cost=float(beta[rows_at] / c_t) if vary_rows else None,
         r2=1.0 - float(resid @ resid) / total if total > 0 else 1.0,
         residual_sd=math.sqrt(sigma2), steps=len(t),
     )

@@ -123,15 +123,16 @@ def fit_costs_from_turns(logs_by_mode: Mapping[str, list[TurnLog]]) -> dict:
 
 def fit_costs_from_steps(steps_by_run: Mapping[Any, list[Mapping]], min_steps: int = 30) -> dict | None:
     """Verify cost from the proposer's step log: the gap between two consecutive steps is the target
-    pass that verified the first step's drafts, so per step
+    pass that verified the first step's drafts (rows + drafted tokens), fitted by `law.fit_costs`
+    with d = 0 (model-free drafter) and, when rows vary, a per-row cost:
 
         seconds = a + b rows + c drafted
 
-    by least squares (gaps over 3× the run's median are dropped: idle time while every agent waits on a
-    tool, prefills of newly arrived turns). One row's pass costs a + b, an extra verified token c, so the
-    law's delta for one sequence is c / (a + b); measured per row in a step of n rows, as throughput
-    counts it, it is c n / (a + b n) (`delta_at`). None when there are too few steps or no spread in
-    the drafted counts."""
+    Gaps over 3× the run's median are dropped (idle time while every agent waits on a tool, prefills
+    of newly arrived turns). One row's pass costs a + b, an extra verified token c, so the law's delta
+    for one sequence is c / (a + b); per row of a step of n rows, as throughput counts it, it is
+    c n / (a + b n) (`delta_at`). With one batch size seen, the pass is taken as proportional to its
+    rows (a = 0). None when there are too few steps or the regressors are collinear."""
     rows_, drafted_, secs = [], [], []
     for steps in steps_by_run.values():
         ordered = sorted(steps, key=lambda s: s["t"])
@@ -145,29 +146,26 @@ def fit_costs_from_steps(steps_by_run: Mapping[Any, list[Mapping]], min_steps: i
                 secs.append(gap)
                 rows_.append(n)
                 drafted_.append(k)
-    if len(secs) < min_steps or float(np.ptp(drafted_)) == 0.0:
+    if len(secs) < min_steps:
         return None
-    y = np.asarray(secs, dtype=float)
-    if np.ptp(rows_) == 0:
-        # one batch size: a and b cannot be told apart; the pass is taken as proportional to its rows
-        x = np.column_stack([np.ones(len(y)), drafted_]).astype(float)
-        (pass_s, c), *_ = np.linalg.lstsq(x, y, rcond=None)
-        a, b, c = 0.0, float(pass_s) / rows_[0], float(c)
-        resid = y - x @ np.array([pass_s, c])
-    else:
-        x = np.column_stack([np.ones(len(y)), rows_, drafted_]).astype(float)
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-        a, b, c = (float(v) for v in coef)
-        resid = y - x @ coef
+    try:
+        fit = law.fit_costs(secs, [n + k for n, k in zip(rows_, drafted_, strict=True)], None, rows_)
+    except LawInputError:
+        return None
+    if fit.row_cost is not None:  # intercept = a one-row pass
+        b = fit.row_cost * fit.c_t
+        a, c = fit.c_t - b, fit.delta * fit.c_t
+    else:  # one batch size n: the intercept is an n-row pass
+        a, b, c = 0.0, fit.c_t / rows_[0], fit.delta * fit.c_t
     one_row = a + b
     if one_row <= 0 or c < 0:
         return None
-    return {"c_t": one_row, "delta": c / one_row, "d": 0.0, "steps": len(secs),
+    return {"c_t": one_row, "delta": c / one_row, "d": 0.0, "steps": fit.steps,
             "coef": {"a_s": a, "b_s_per_row": b, "c_s_per_token": c},
-            "rmse_s": float(np.sqrt(np.mean(resid ** 2))),
-            "method": "proposer step log: least squares of step time on rows and drafted tokens; "
-                      "delta = c / (a + b) for one sequence, delta_at(n) = c n / (a + b n) per row of an "
-                      "n-row step; d = 0 (model-free drafter)"}
+            "rmse_s": fit.residual_sd, "r2": fit.r2,
+            "method": "proposer step log: law.fit_costs of step time on rows and drafted tokens (d = 0, "
+                      "model-free drafter); delta = c / (a + b) for one sequence, delta_at(n) = c n / (a + b n) "
+                      "per row of an n-row step"}
 
 
 def delta_at(costs: Mapping, rows: float) -> float:
