@@ -103,10 +103,7 @@ class TokenClassifier:
             return n
 
     def counts(self, text: str, token_ids: list[int], spans: list[Any]) -> dict[str, int]:
-        out = {"S": 0, "R": 0, "F": 0}
-        for cls in self.labels(text, token_ids, spans):
-            out[cls] = out.get(cls, 0) + 1
-        return out
+        return count_labels(self.labels(text, token_ids, spans))
 
     def labels(self, text: str, token_ids: list[int], spans: list[Any]) -> str:
         """The law class of each token, one letter per token."""
@@ -127,7 +124,8 @@ class TokenClassifier:
         return "".join(out)
 
 
-def _counts(labels: str) -> dict[str, int]:
+def count_labels(labels: str) -> dict[str, int]:
+    """Tokens per law class from per-token labels ("SSR…")."""
     out = {"S": 0, "R": 0, "F": 0}
     for cls in labels:
         out[cls] = out.get(cls, 0) + 1
@@ -231,7 +229,7 @@ def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier:
             log = TurnLog(
                 episode=agent, segment=seg, step=step, text=res.text, output_tokens=len(res.token_ids),
                 prompt_tokens=len(res.prompt_token_ids or []),
-                tokens_by_class=_counts(labels),
+                tokens_by_class=count_labels(labels),
                 acceptance={k: dict(v) for k, v in (res.acceptance or {}).items()},
                 records=[dict(r) if isinstance(r, dict) else asdict(r) for r in (res.records or [])],
                 timings=dict(res.timings or {}), finish_reason=res.finish_reason, error=res.error,
