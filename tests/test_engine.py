@@ -201,6 +201,16 @@ def _by_class(records):
 
 
 @pytest.mark.engine
+def test_cpu_engine_uses_small_kv_blocks_for_prefix_reuse(engine_structure):
+    from vllm.platforms import current_platform
+
+    from agentspec_sdk.backends.server import CPU_BLOCK_SIZE
+
+    block = engine_structure._engine.vllm_config.cache_config.block_size
+    assert block == (CPU_BLOCK_SIZE if current_platform.is_cpu() else block)
+
+
+@pytest.mark.engine
 def test_bad_grammar_fails_alone(engine_structure):
     good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER], max_tokens=40)
     bad = TurnRequest(messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER],

