@@ -49,3 +49,22 @@ def test_a_wrong_draft_token_ends_the_accepted_prefix(offline):
     row = offline.simulate([turn], propose, batch=1)
     # pass 1 drafts 6 7 0 9: 6, 7 accepted, the target writes 8; pass 2 drafts 9 0: 9 accepted
     assert row == {"passes": 2, "drafted": 6, "accepted": 3}
+
+
+def test_grammar_trim_keeps_the_prefix_the_turn_grammar_allows(offline):
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    out = tok.encode("hello world, hello moon", add_special_tokens=False)
+    turn = {"prompt": [1], "out": out, "grammar": 0}
+    trim = offline.GrammarTrim(['start: "hello world, hello " ("moon" | "sun")'])
+    good = tok.encode(" hello moon", add_special_tokens=False)
+    at = len(tok.encode("hello world,", add_special_tokens=False))
+    assert tok.decode(out[:at]) + tok.decode(good) == "hello world, hello moon"
+    assert trim(turn, at, good) == good
+    bad = tok.encode(" hello mars", add_special_tokens=False)
+    kept = trim(turn, at, bad)
+    assert kept == bad[: len(kept)] and tok.decode(kept) == " hello"
+    assert offline.GrammarTrim([])({"prompt": [1], "out": out}, 0, bad) == bad  # no grammar captured
