@@ -44,8 +44,7 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int) -> None:
     submit = engine.submit
 
     def recording_submit(req):
-        grammar = req.grammar if req.grammar is not None else engine.grammar_for(
-            req.fmt, None if req.tools is None else req.tools, req.tool_choice)
+        grammar = req.grammar if req.grammar is not None else engine.grammar_for(req.fmt, req.tools, req.tool_choice)
         if grammar not in grammars:
             grammars.append(grammar)
         index = grammars.index(grammar)
@@ -169,10 +168,10 @@ def main() -> None:
     turns = data["turns"]
     tokens = sum(len(t["out"]) - 1 for t in turns)
     rows = {"off": {"passes": tokens, "drafted": 0, "accepted": 0}}
-    trim = GrammarTrim(data.get("grammars", []))
-    rows["ngram"] = simulate(turns, ngram_drafter(args.gamma), args.batch, trim=trim)
-    rows["structure"] = simulate(turns, structure_drafter(args.gamma, data["tools"]), args.batch, trim=GrammarTrim(
-        data.get("grammars", [])))
+    grammars = data.get("grammars", [])  # one GrammarTrim per replay: its matchers advance with the turns
+    rows["ngram"] = simulate(turns, ngram_drafter(args.gamma), args.batch, trim=GrammarTrim(grammars))
+    rows["structure"] = simulate(turns, structure_drafter(args.gamma, data["tools"]), args.batch,
+                                 trim=GrammarTrim(grammars))
     rows["oracle"] = simulate(turns, None, args.batch, args.gamma)
     for row in rows.values():
         row["cost"] = row["passes"] + args.delta * row["drafted"]
