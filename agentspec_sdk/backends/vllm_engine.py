@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_sdk.backends.model_bundle import resolve_model
-from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS
+from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS, check_block_size
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
@@ -126,6 +126,7 @@ class Engine:
             raise BackendError("speculation='draft_model' needs draft_model=<HF folder or id>")
         if not isinstance(gamma_max, int) or not 1 <= gamma_max <= 64:
             raise BackendError(f"gamma_max must be an integer in [1, 64], got {gamma_max!r}")
+        check_block_size(block_size)
         self.speculation = speculation
         self.gamma_max = gamma_max
         self.model = resolve_model(model)
@@ -195,8 +196,8 @@ class Engine:
         try:
             from vllm import LLM
 
-            return LLM(**extra, model=self.model, dtype=dtype or _default_dtype(), max_model_len=self.max_model_len,
-                       enable_prefix_caching=prefix_caching, seed=seed, max_num_seqs=max_num_seqs,
+            return LLM(model=self.model, dtype=dtype or _default_dtype(), max_model_len=self.max_model_len,
+                       enable_prefix_caching=prefix_caching, seed=seed, max_num_seqs=max_num_seqs, **extra,
                        structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
                        per_request_spec_decode_metrics="detailed" if spec else "none",
                        disable_log_stats=False, enforce_eager=enforce_eager)
