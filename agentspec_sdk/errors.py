@@ -38,3 +38,17 @@ class TraceError(AgentSpecError):
 
 class BackendError(AgentSpecError):
     """The engine or server failed in a way the caller can act on."""
+
+
+class SandboxError(AgentSpecError):
+    """The code sandbox cannot be set up (bad limits, no interpreter); code that fails inside it is
+    an observation, not this error."""
+
+
+class PromptTooLong(BackendError):
+    """A turn's prompt plus its max_tokens does not fit the engine's max_model_len."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, limit: int):
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
+        super().__init__(f"prompt of {prompt_tokens} tokens + max_tokens {max_tokens} = "
+                         f"{prompt_tokens + max_tokens} exceeds max_model_len {limit}")
