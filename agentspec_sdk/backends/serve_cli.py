@@ -53,7 +53,7 @@ def serve(
     formats: Annotated[str | None, typer.Option("--formats", help="format names, comma-separated, or a JSON file")] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8000,
-    speculation: Annotated[str, typer.Option("--speculation", help="structure | ngram | off")] = "structure",
+    speculation: Annotated[str, typer.Option("--speculation", help="structure | ngram | suffix | off")] = "structure",
     gamma_max: Annotated[int, typer.Option("--gamma-max", help="most draft tokens per row and step")] = 8,
     max_model_len: Annotated[int, typer.Option("--max-model-len")] = 4096,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,

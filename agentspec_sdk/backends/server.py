@@ -23,7 +23,8 @@ from typing import Literal
 
 from agentspec_sdk.errors import BackendError
 
-Speculation = Literal["structure", "ngram", "off"]
+Speculation = Literal["structure", "ngram", "suffix", "off"]
+SERVER_SPECULATION = ("structure", "ngram", "suffix", "off")
 PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
 PLAN_ENV = "AGENTSPEC_PLAN"
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
@@ -33,6 +34,36 @@ ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 # so each agent turn re-prefills up to 127 tokens of history it already computed; 32 is the smallest
 # the CPU attention kernel takes. Arm-D replay, off, b=8 (docs/engine.md): wall 62.5-63.5 s -> 56-57 s.
 CPU_BLOCK_SIZE = 32
+SUFFIX_INSTALL = ('pip install "nanobind==2.9.2" cmake grpcio-tools && '
+                  'CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" '
+                  'pip install --no-build-isolation --no-deps arctic-inference==0.3.0  (scripts/setup.sh does this)')
+
+
+def require_suffix_decoding() -> None:
+    """vLLM's `suffix` method imports arctic-inference's suffix tree lazily, deep inside the engine
+    core; a missing package must fail before anything starts, naming the install step, never fall
+    back to another mode. (Its vLLM plugin entry point stays inert: ARCTIC_INFERENCE_ENABLED unset.)"""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("arctic_inference.suffix_decoding") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise BackendError("speculation='suffix' (vLLM's SuffixDecoding) needs the arctic-inference package, "
+                           f"which is not installed: {SUFFIX_INSTALL}")
+
+
+def stock_speculative_config(method: str, gamma: int, *, ngram_min: int = 2, ngram_max: int = 5) -> dict:
+    """vLLM's own drafters, as a user would configure them: `ngram` (prompt lookup) or `suffix`
+    (SuffixDecoding with vLLM's default tree depth, cache size and thresholds)."""
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": gamma,
+                "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
+    if method == "suffix":
+        require_suffix_decoding()
+        return {"method": "suffix", "num_speculative_tokens": gamma}
+    raise BackendError(f"not a stock vLLM drafter: {method!r}")
 
 
 def check_block_size(block_size: int | None) -> None:
@@ -75,8 +106,8 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.speculation not in ("structure", "ngram", "off"):
-            raise BackendError(f"speculation must be structure, ngram or off, got {self.speculation!r}")
+        if self.speculation not in SERVER_SPECULATION:
+            raise BackendError(f"speculation must be one of {SERVER_SPECULATION}, got {self.speculation!r}")
         if not 1 <= self.gamma_max <= 64:
             raise BackendError(f"gamma_max must be in 1..64, got {self.gamma_max}")
         if not 0 < self.port < 65536:
@@ -94,9 +125,8 @@ class ServerSpec:
         if self.speculation == "structure":
             return {"method": "custom_class", "model": PROPOSER_CLASS,
                     "num_speculative_tokens": self.gamma_max}
-        if self.speculation == "ngram":
-            return {"method": "ngram", "num_speculative_tokens": self.gamma_max,
-                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        if self.speculation in ("ngram", "suffix"):
+            return stock_speculative_config(self.speculation, self.gamma_max, ngram_max=4)
         return None
 
     def args(self) -> list[str]:

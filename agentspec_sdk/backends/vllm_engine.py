@@ -1,4 +1,4 @@
-"""The embedded engine: `vllm.LLM` with off | ngram | structure | draft_model speculation.
+"""The embedded engine: `vllm.LLM` with off | ngram | suffix | structure | draft_model speculation.
 
 One background thread owns vLLM's `LLMEngine` (add_request / step); `submit()` from any thread or
 agent queues a turn, so turns that arrive at different times share batches. Each turn carries its
@@ -19,28 +19,40 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentspec_sdk.backends.model_bundle import resolve_model
-from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS, check_block_size
+from agentspec_sdk.backends.model_bundle import context_length, resolve_model
+from agentspec_sdk.backends.server import (
+    CPU_BLOCK_SIZE,
+    PROPOSER_CLASS,
+    check_block_size,
+    require_suffix_decoding,
+    stock_speculative_config,
+)
+from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
+    label_records,
     merge_acceptance,
     settle_last_round,
     vllm_spec_counters,
 )
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
-from agentspec_sdk.errors import BackendError, ToolRegistryError
+from agentspec_sdk.errors import BackendError, PromptTooLong, ToolRegistryError
 from agentspec_sdk.structure.formats import AgentFormat, format_names, get_format
 from agentspec_sdk.structure.segmenter import Segmenter, Span, segment
+from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
 
-SPECULATION = ("off", "ngram", "structure", "draft_model")
+SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model")
+STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
+MAX_PASS_LOG = 1_000_000
 ABLATIONS = (None, "no_budget", "no_isolation")
 
 
@@ -104,6 +116,7 @@ class _Live:
     t_submit: float = 0.0
     t_added: float = 0.0
     t_first: float = 0.0
+    seen: int = 0  # output tokens seen so far (the pass log counts each pass's new ones)
 
 
 class Engine:
@@ -112,7 +125,7 @@ class Engine:
     def __init__(self, model: str | os.PathLike | None = None, speculation: str = "off", gamma_max: int = 8,
                  step_budget: int | None = None, draft_model: str | None = None,
                  formats: Sequence[str | AgentFormat] | None = None, tools: ToolRegistry | list | None = None,
-                 enable_prefix_caching: bool = True, max_model_len: int = 4096, seed: int = 0,
+                 enable_prefix_caching: bool = True, max_model_len: int | None = None, seed: int = 0,
                  ablation: str | None = None, *, ngram_min: int = 2, ngram_max: int = 5,
                  law: dict[str, float] | None = None, dtype: str | None = None, kv_cache_gb: float = 2.0,
                  reserved_cpus: int | None = None, in_process: bool = True, max_num_seqs: int = 32,
@@ -122,6 +135,8 @@ class Engine:
             raise BackendError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
         if ablation not in ABLATIONS:
             raise BackendError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
+        if speculation == "suffix":
+            require_suffix_decoding()
         if speculation == "draft_model" and not draft_model:
             raise BackendError("speculation='draft_model' needs draft_model=<HF folder or id>")
         if not isinstance(gamma_max, int) or not 1 <= gamma_max <= 64:
@@ -130,7 +145,8 @@ class Engine:
         self.speculation = speculation
         self.gamma_max = gamma_max
         self.model = resolve_model(model)
-        self.max_model_len = max_model_len
+        # None: the model's own context length (config.json; SmolLM2-135M: 8192)
+        self.max_model_len = max_model_len or context_length(self.model)
         self.formats = {f.name: f for f in (get_format(x) for x in (formats or format_names()))}
         self.registry = _as_registry(tools) if tools is not None else ToolRegistry()
         self._lock = threading.Lock()
@@ -149,11 +165,15 @@ class Engine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self._labels = TokenClassifier(self.tokenizer)
         self._grammar_errors: dict[str, str] = {}
         self._llm = self._start_vllm(speculation, draft_model, enable_prefix_caching, seed, dtype,
                                      kv_cache_gb, reserved_cpus, in_process, max_num_seqs, enforce_eager,
                                      ngram_min, ngram_max, block_size)
         self._engine = self._llm.llm_engine
+        # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.
+        drafter = self.proposer() if speculation in STOCK else None
+        self._observer = StockDraftObserver(drafter, speculation, self.records_path) if drafter else None
         self._inbox: queue.Queue[_Live] = queue.Queue()
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
@@ -167,6 +187,7 @@ class Engine:
         self._vllm = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self._step_s = 0.0
         self._steps = 0
+        self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)  # (t, s, rows, tokens, ctx, prefill)
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
         self._thread.start()
 
@@ -181,9 +202,8 @@ class Engine:
         if reserved_cpus is not None:
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved_cpus)
         spec: dict[str, Any] | None = None
-        if speculation == "ngram":
-            spec = {"method": "ngram", "num_speculative_tokens": self.gamma_max,
-                    "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
+        if speculation in STOCK:
+            spec = stock_speculative_config(speculation, self.gamma_max, ngram_min=ngram_min, ngram_max=ngram_max)
         elif speculation == "structure":
             spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": self.gamma_max}
         elif speculation == "draft_model":
@@ -298,8 +318,7 @@ class Engine:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) + req.max_tokens > self.max_model_len:
-            raise BackendError(f"prompt of {len(ids)} tokens + max_tokens {req.max_tokens} exceeds "
-                               f"max_model_len {self.max_model_len}")
+            raise PromptTooLong(len(ids), req.max_tokens, self.max_model_len)
         return ids
 
     def grammar_for(self, fmt: str | AgentFormat, tools: ToolRegistry | list | None = None,
@@ -360,12 +379,22 @@ class Engine:
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
-                started = time.perf_counter()
+                at, started = time.time(), time.perf_counter()
                 outputs = self._engine.step()
-                self._step_s += time.perf_counter() - started
+                seconds = time.perf_counter() - started
+                self._step_s += seconds
                 self._steps += 1
+                rows = tokens = ctx = prefill = 0
                 for out in outputs:
+                    live = self._live.get(out.request_id)
+                    if live is not None:  # what this pass computed: new tokens, context, first-token prefill
+                        n = len(out.outputs[0].token_ids)
+                        rows, tokens, ctx = rows + 1, tokens + n - live.seen, ctx + len(live.prompt_ids) + n
+                        if not live.seen and n:
+                            prefill += len(live.prompt_ids) - int(getattr(out, "num_cached_tokens", 0) or 0)
+                        live.seen = n
                     self._on_output(out)
+                self._passes.append((at, seconds, rows, tokens, ctx, prefill))
         except Exception as exc:  # vLLM itself failed: every waiting turn learns why
             self._dead = f"{type(exc).__name__}: {exc}"
             for live in list(self._live.values()):
@@ -426,14 +455,18 @@ class Engine:
         prompt_ids = list(out.prompt_token_ids or live.prompt_ids)
         token_ids = list(comp.token_ids)
         self._tail.poll()
-        records = self._tail.claim(prompt_ids, token_ids) if self.speculation == "structure" else []
+        records = self._tail.claim(prompt_ids, token_ids) if self.speculation in ("structure", *STOCK) else []
         spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
         settle_last_round(records, len(token_ids), spec)
+        spans = segment(live.fmt, comp.text)
+        if records and self.speculation in STOCK:  # the peer's drafts take the class of the token they began at
+            label_records(records, self._labels.labels(comp.text, token_ids, spans),
+                          self._labels.starts(comp.text, token_ids), spans)
         acceptance = acceptance_by_class(records)
         t_first = live.t_first or now
         result = TurnResult(
             request_id=live.request_id, text=comp.text, token_ids=token_ids, prompt_token_ids=prompt_ids,
-            finish_reason=comp.finish_reason, spans=segment(live.fmt, comp.text), records=records,
+            finish_reason=comp.finish_reason, spans=spans, records=records,
             acceptance=acceptance, spec=spec, agent_id=live.req.agent_id, logprobs=_logprobs(comp.logprobs),
             timings={"e2e_s": now - live.t_submit, "queue_s": live.t_added - live.t_submit,
                      "prefill_s": t_first - live.t_added, "decode_s": now - t_first})
@@ -486,6 +519,14 @@ class Engine:
         `{"t", "rows", "drafted"}`; the gap to the next step is the pass that verified the drafts."""
         self._tail.poll()
         return self._tail.steps_between(start, end)
+
+    def pass_log(self, start: float = 0.0, end: float = float("inf")) -> list[dict]:
+        """Every engine step (one target pass, any speculation mode) that began between `start` and
+        `end` (time.time()): `{"t", "s" (seconds), "rows" (requests that got tokens), "tokens" (new
+        tokens), "ctx" (their context lengths summed), "prefill" (uncached prompt tokens of requests
+        whose first token came in this pass)}`."""
+        return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p}
+                for t, s, r, k, c, p in list(self._passes) if start <= t <= end]
 
     def proposer(self):
         """The in-process proposer object (None when vLLM runs its engine core in another process)."""

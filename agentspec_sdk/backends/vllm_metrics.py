@@ -17,6 +17,7 @@ from agentspec_sdk.drafting.fingerprint import prefix_hashes
 
 MAX_OPEN_DRAFTS = 200_000  # drafts not yet claimed by a finished request (aborted ones age out)
 MAX_STEP_LOG = 1_000_000
+STEP_FIELDS = ("t", "rows", "drafted", "proposer_s", "ctx", "drafted_ctx", "drafted_s")
 
 
 class RecordsTail:
@@ -34,7 +35,7 @@ class RecordsTail:
         self.errors = 0
         self.batch_errors = 0
         self.rounds: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-        self.step_log: deque[tuple[float, int, int]] = deque(maxlen=MAX_STEP_LOG)  # (t, rows, drafted)
+        self.step_log: deque[dict] = deque(maxlen=MAX_STEP_LOG)  # {t, rows, drafted, proposer_s, ctx, ...}
 
     def poll(self) -> None:
         try:
@@ -69,7 +70,7 @@ class RecordsTail:
             self.errors += int(rec.get("errors", 0))
             self.batch_errors += int(bool(rec.get("batch_error")))
             if "t" in rec:
-                self.step_log.append((float(rec["t"]), int(rec.get("rows", 0)), int(rec.get("drafted", 0))))
+                self.step_log.append({k: rec[k] for k in STEP_FIELDS if k in rec})
         elif kind == "round":
             tot = self.rounds[(rec["law_class"], rec["source"])]
             tot[0] += 1
@@ -103,7 +104,7 @@ class RecordsTail:
 
     def steps_between(self, start: float, end: float) -> list[dict]:
         """The proposer's steps that began in [start, end] (wall-clock), oldest first."""
-        return [{"t": t, "rows": r, "drafted": d} for t, r, d in self.step_log if start <= t <= end]
+        return [dict(s) for s in self.step_log if start <= s["t"] <= end]
 
     def proposer_stats(self) -> dict:
         by_source = {f"{cls}/{src}": {"rounds": r, "drafted": d, "accepted": a}
@@ -126,6 +127,18 @@ def settle_last_round(records: list[dict], num_output: int, spec: dict | None) -
     if verified > last["accepted"]:
         last["beyond_output"] = verified - last["accepted"]
         last["accepted"] = verified
+
+
+def label_records(records: list[dict], labels: str, starts: list[int], spans) -> None:
+    """Kind and law class of records that came without (vLLM's own drafters): those of the output
+    token each draft began at (`labels`: one law-class letter per output token, `starts`: where each
+    token begins in the text the `spans` cut)."""
+    for r in records:
+        pos = min(int(r["position"]), len(labels) - 1)
+        if r.get("law_class") is None and pos >= 0:
+            r["law_class"] = labels[pos]
+            at = starts[pos]
+            r["kind"] = next((s.kind for s in spans if s.start <= at < s.end), spans[-1].kind if spans else "?")
 
 
 def acceptance_by_class(records: list[dict]) -> dict[str, dict[str, int]]:

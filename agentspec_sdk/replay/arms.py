@@ -31,6 +31,7 @@ PROSE = AgentFormat(name="prose", description="Answer in plain prose.", initial=
 MODES = {
     "off": {"speculation": "off"},
     "ngram": {"speculation": "ngram"},
+    "suffix": {"speculation": "suffix"},
     "structure": {"speculation": "structure"},
     "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
     "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},

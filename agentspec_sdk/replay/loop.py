@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels  # noqa: F401 (re-exported)
 
 TURN_TIMEOUT_S = 900.0  # a turn the engine never answers fails the run instead of hanging it
+CODE_TOOL = "python"  # a code agent's code block is a call of this tool with arguments {"code": …}
 
 
 @dataclass
@@ -25,6 +27,7 @@ class Observation:
     result: str
     latency_s: float
     match: str  # exact | name | executed | missing | real
+    done: bool = False  # the environment says the task is solved: the episode ends here
 
 
 class Observer(Protocol):
@@ -55,9 +58,18 @@ class TurnLog:
     token_classes: str = ""  # law class of each output token ("SSSR…")
     prompt_ids: list[int] = field(default_factory=list)
     grammar: str = ""  # the request's Lark grammar ("" = none)
+    too_long: bool = False  # the prompt + max_tokens did not fit max_model_len: the episode ended here
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def is_too_long(error: str | None) -> bool:
+    """A turn refused because its prompt does not fit: the embedded engine's errors.PromptTooLong
+    ("PromptTooLong: ...") or a vLLM server's 400 ("This model's maximum context length is ...")."""
+    from agentspec_sdk.errors import PromptTooLong
+
+    return bool(error) and (error.startswith(PromptTooLong.__name__) or "maximum context length is" in error)
 
 
 def tool_message(result: str) -> dict:
@@ -67,7 +79,8 @@ def tool_message(result: str) -> dict:
 
 def parse_calls(fmt: str, text: str) -> list[dict]:
     """Tool calls of a turn as [{"name", "arguments"}] via structure.parse_turn; a call cut off by
-    max_tokens (malformed JSON) is not executed."""
+    max_tokens (malformed JSON) is not executed. A code agent's code block is one call of
+    `CODE_TOOL` with {"code": the block's text}."""
     from agentspec_sdk.structure.turns import TurnParseError, parse_turn
 
     try:
@@ -84,65 +97,13 @@ def parse_calls(fmt: str, text: str) -> list[dict]:
             except json.JSONDecodeError:
                 args = {}
         calls.append({"name": name, "arguments": args if isinstance(args, dict) else {}})
+    if getattr(parsed, "code", None):
+        calls.append({"name": CODE_TOOL, "arguments": {"code": parsed.code}})
     return calls
-
-
-class TokenClassifier:
-    """Assigns each output token to the law class of the span its first character falls in."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self._lock = threading.Lock()
-        self._cache: dict[int, int] = {}
-
-    def _length(self, token_id: int) -> int:
-        with self._lock:
-            n = self._cache.get(token_id)
-            if n is None:
-                n = self._cache[token_id] = len(self.tokenizer.decode([token_id]))
-            return n
-
-    def counts(self, text: str, token_ids: list[int], spans: list[Any]) -> dict[str, int]:
-        return count_labels(self.labels(text, token_ids, spans))
-
-    def labels(self, text: str, token_ids: list[int], spans: list[Any]) -> str:
-        """The law class of each token, one letter per token."""
-        if not token_ids:
-            return ""
-        bounds = [(_get(s, "start"), _get(s, "end"), _law(s)) for s in spans]
-        pos = 0
-        last = bounds[-1][2] if bounds else "F"
-        out = []
-        for tid in token_ids:
-            cls = last
-            for start, end, law in bounds:
-                if start <= pos < end:
-                    cls = law
-                    break
-            out.append(cls)
-            pos = min(pos + self._length(tid), len(text))
-        return "".join(out)
-
-
-def count_labels(labels: str) -> dict[str, int]:
-    """Tokens per law class from per-token labels ("SSR…")."""
-    out = {"S": 0, "R": 0, "F": 0}
-    for cls in labels:
-        out[cls] = out.get(cls, 0) + 1
-    return out
 
 
 def _hash(ids: Any) -> str:
     return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
-
-
-def _get(span: Any, key: str) -> Any:
-    return span[key] if isinstance(span, dict) else getattr(span, key)
-
-
-def _law(span: Any) -> str:
-    law = _get(span, "law_class")
-    return getattr(law, "value", law)
 
 
 def tool_choice_policy(step: int, steps: int) -> str:
@@ -177,7 +138,13 @@ class GrammarCache:
         self._lock = threading.Lock()
 
     def get(self, episode: Episode, choice: str) -> str | None:
-        if not episode.tools:
+        """None when the episode has no tools (no grammar), except for code agents, whose code block
+        needs none. "call" is one call and nothing else in the tool-call layout; the ReAct and code
+        layouts have no call-only shape, so there it means "required" (Thought, then the action)."""
+        from agentspec_sdk.structure.formats import get_format
+
+        layout = get_format(episode.format).layout
+        if not episode.tools and layout != "code_agent":
             return None
         key = (episode.id, episode.format, choice)
         with self._lock:
@@ -185,7 +152,8 @@ class GrammarCache:
                 from agentspec_sdk.structure.tools import ToolRegistry
                 from agentspec_sdk.structure.turn_grammar import turn_grammar
 
-                self._cache[key] = (call_first_grammar(episode.format, episode.tools) if choice == "call" else
+                self._cache[key] = (call_first_grammar(episode.format, episode.tools)
+                                    if choice == "call" and layout == "tool_calls" else
                                     turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
                                                  tool_choice=choice))
             return self._cache[key]
@@ -235,9 +203,16 @@ def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier:
                 timings=dict(res.timings or {}), finish_reason=res.finish_reason, error=res.error,
                 tool_calls=calls, token_ids=list(res.token_ids),
                 prompt_hash=_hash(res.prompt_token_ids or []), spec=getattr(res, "spec", None),
-                token_classes=labels, prompt_ids=list(res.prompt_token_ids or []), grammar=step_grammar or "")
+                token_classes=labels, prompt_ids=list(res.prompt_token_ids or []), grammar=step_grammar or "",
+                too_long=is_too_long(res.error))
+            if log.too_long:  # logged and counted; every later prompt of this episode is longer still
+                logs.append(log)
+                if on_turn is not None:
+                    on_turn(log)
+                return logs, produced
             messages.append({"role": "assistant", "content": res.text})
             produced.append(Turn("assistant", res.text, tool_calls=calls))
+            done = False
             for call in calls:
                 engine.mark_idle(agent)
                 try:
@@ -250,9 +225,10 @@ def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier:
                 messages.append(tool_message(obs.result))
                 produced.append(Turn("tool", obs.result, name=call["name"], arguments=call["arguments"],
                                      latency_s=obs.latency_s))
+                done = done or obs.done
             logs.append(log)
             if on_turn is not None:
                 on_turn(log)
-            if not calls:
+            if not calls or done:
                 break
     return logs, produced
