@@ -222,6 +222,18 @@ def test_bad_grammar_fails_alone(engine_structure):
 
 
 @pytest.mark.engine
+def test_prompt_beyond_max_model_len_fails_alone(engine_structure):
+    limit = engine_structure.max_model_len
+    good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER], max_tokens=40)
+    long = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo? " * (limit // 4)}], tools=[WEATHER],
+                       max_tokens=40)
+    results = engine_structure.generate([good, long, good])
+    assert results[1].error.startswith("PromptTooLong: prompt of ")
+    assert "+ max_tokens 40 = " in results[1].error and results[1].error.endswith(f"exceeds max_model_len {limit}")
+    assert results[0].ok and results[2].ok and results[0].token_ids == results[2].token_ids
+
+
+@pytest.mark.engine
 def test_proposer_exception_does_not_kill_the_engine(engine_structure):
     proposer = engine_structure.proposer()
     assert proposer is not None, "test needs the in-process engine core"

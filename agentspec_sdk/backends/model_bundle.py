@@ -108,6 +108,33 @@ def resolve_model(model: str | os.PathLike | None = None) -> str:
     return str(model)
 
 
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_length(model: str | os.PathLike) -> int:
+    """The model's own context length from its config.json (max_position_embeddings or an alias;
+    a nested text_config is searched too), the engine's default max_model_len."""
+    path = Path(model).expanduser() / "config.json"
+    if path.is_file():
+        import json
+
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise BackendError(f"{path}: cannot read the model config ({err})") from None
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model)).to_dict()
+    for section in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    raise BackendError(f"model {model}: config.json names no context length ({', '.join(_CONTEXT_KEYS)}); "
+                       "pass max_model_len")
+
+
 def load_tokenizer(model: str | os.PathLike | None = None):
     from transformers import AutoTokenizer
 

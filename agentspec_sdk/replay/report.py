@@ -72,6 +72,8 @@ def summarize(logs: Iterable[TurnLog], *, arm: str, mode: str, gamma: int, batch
         "decode_s": decode_s, "prefill_s": prefill_s, "e2e_s": e2e_s, "wall_s": wall_s,
         "decode_tok_s": _div(out_tokens, decode_s), "e2e_tok_s": _div(out_tokens, wall_s),
         "errors": sum(1 for log in logs if log.error), "matches": dict(matches or {}),
+        # turns whose prompt + max_tokens did not fit max_model_len (their episode ended there)
+        "too_long": sum(1 for log in logs if getattr(log, "too_long", False)),
         "interrupted": interrupted,
     }
 
@@ -418,6 +420,11 @@ def markdown(report: Mapping) -> str:
     ll = report.get("lossless", {})
     lines += ["", f"Lossless check: {ll.get('mismatched')} of {ll.get('compared')} speculative outputs differ from "
               "`off` for the same prompt."]
+    too_long = {f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}": r["too_long"]
+                for r in report.get("runs", []) if r.get("too_long")}
+    if too_long:
+        lines += ["", "Turns whose prompt + max_tokens exceeded max_model_len (each ended its episode): "
+                  + ", ".join(f"{k}: {v}" for k, v in too_long.items()) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -33,7 +33,7 @@ class Plan:
     primary: dict
     model: str | None = None
     seed: int = 0
-    max_model_len: int = 4096
+    max_model_len: int | None = None  # None: the model's own context length (config.json)
     latency_scale: float = 1.0
     enforce_eager: bool = True  # skip torch.compile: ~15 s per engine start instead of ~90 s here
     entropies: bool = False  # after the timed runs: the target's next-token entropies per class (kappa fit)
