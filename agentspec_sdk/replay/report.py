@@ -19,13 +19,15 @@ import numpy as np
 
 from agentspec_sdk import law
 from agentspec_sdk.errors import LawInputError
+from agentspec_sdk.replay import accounting
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.trace import atomic_write_text
 
 SCHEMA = "agentspec-report/1"
 CLASSES = ("S", "R", "F")
 UNCLASSIFIED = "unclassified"
-SPECULATIVE = ("ngram", "structure", "structure-no-budget", "structure-no-isolation", "draft_model")
+STOCK = ("ngram", "suffix")  # vLLM's own drafters: the peers
+SPECULATIVE = ("ngram", "suffix", "structure", "structure-no-budget", "structure-no-isolation", "draft_model")
 
 
 def _div(a: float, b: float) -> float | None:
@@ -38,12 +40,22 @@ def summarize(logs: Iterable[TurnLog], *, arm: str, mode: str, gamma: int, batch
     """Totals of one run; per-class sums equal the totals by construction."""
     logs = list(logs)
     by_class = {c: {"tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0} for c in CLASSES}
+    passes = oracle_p = oracle_d = 0
     for log in logs:
         for c, n in log.tokens_by_class.items():
             by_class.setdefault(c, {"tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0})["tokens"] += n
+        in_output = sum(int(r["accepted"]) - int(r.get("beyond_output", 0)) for r in log.records)
+        if not log.records and log.spec:
+            in_output = int(log.spec.get("num_accepted_draft_tokens", 0))
+        passes += accounting.turn_passes(log.output_tokens, in_output)
+        p, d = accounting.oracle_passes(log.output_tokens, gamma)
+        oracle_p, oracle_d = oracle_p + p, oracle_d + d
         if log.records:
             for r in log.records:
-                c = by_class.setdefault(str(r["law_class"]), {"tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0})
+                cls = r.get("law_class")
+                if cls is None and log.token_classes:  # a peer's draft: the class of the token it began at
+                    cls = log.token_classes[min(int(r["position"]), len(log.token_classes) - 1)]
+                c = by_class.setdefault(str(cls), {"tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0})
                 c["drafted"] += int(r["drafted"])
                 c["accepted"] += int(r["accepted"])
                 c["rounds"] += 1 if int(r["drafted"]) > 0 else 0
@@ -67,6 +79,7 @@ def summarize(logs: Iterable[TurnLog], *, arm: str, mode: str, gamma: int, batch
         "episodes": episodes, "turns": len(logs), "output_tokens": out_tokens,
         "prompt_tokens": sum(log.prompt_tokens for log in logs),
         "drafted": drafted, "accepted": accepted, "rounds": rounds, "tau_mean": _div(accepted, rounds),
+        "passes": passes, "oracle_passes": oracle_p, "oracle_drafted": oracle_d,
         "by_class": by_class,
         "w": {c: _div(by_class[c]["tokens"], out_tokens) for c in CLASSES},
         "decode_s": decode_s, "prefill_s": prefill_s, "e2e_s": e2e_s, "wall_s": wall_s,
@@ -98,15 +111,95 @@ def round_records(logs: Iterable[TurnLog]) -> list[law.RoundRecord]:
             for log in logs for r in log.records]
 
 
+COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx")
+FITTED_MODES = ("off", "structure", "structure-no-budget", "structure-no-isolation")  # drafted known per pass
+
+
+def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list[dict]:
+    """The engine's passes (`Engine.pass_log`) joined with the structure proposer's steps
+    (`Engine.step_log`): the proposer runs inside pass j (its step began during it: `proposer_s` of
+    pass j) and the drafts it made there are verified in pass j + 1 (`drafted`, `drafted_ctx`,
+    `drafted_s` of pass j + 1)."""
+    table = sorted((dict(p) for p in passes), key=lambda p: p["t"])
+    ordered = sorted(steps, key=lambda s: s["t"])
+    i, made = 0, None
+    for p in table:
+        for k in ("drafted", "drafted_ctx", "drafted_s", "proposer_s", "made"):
+            p[k] = 0
+        if made is not None:
+            p.update(drafted=made.get("drafted", 0), drafted_ctx=made.get("drafted_ctx", 0),
+                     drafted_s=made.get("drafted_s", 0))
+        made = None
+        while i < len(ordered) and ordered[i]["t"] < p["t"]:
+            i += 1
+        if i < len(ordered) and ordered[i]["t"] <= p["t"] + p["s"]:
+            made = ordered[i]
+            p["proposer_s"], p["made"] = float(made.get("proposer_s", 0.0)), made.get("drafted", 0)
+            i += 1
+    return table
+
+
+def passes_from_steps(steps: Iterable[Mapping]) -> list[dict]:
+    """Without an engine pass log: the gap between two consecutive proposer steps is the pass that
+    verified the first step's drafts (the proposer's own time is inside it). Gaps over 3x the median
+    are dropped (idle time while every agent waits on a tool)."""
+    ordered = sorted(steps, key=lambda s: s["t"])
+    gaps = [dict({k: a.get(k, 0) for k in COST_KEYS}, s=b["t"] - a["t"])
+            for a, b in zip(ordered, ordered[1:], strict=False) if a["rows"] > 0 and b["t"] > a["t"]]
+    if not gaps:
+        return []
+    cut = 3.0 * float(np.median([g["s"] for g in gaps]))
+    return [g for g in gaps if g["s"] <= cut]
+
+
+def mean_pass(table: Iterable[Mapping]) -> dict | None:
+    """The pass a row sees on average (each pass weighted by its rows, as per-sequence decode time
+    counts it): mean rows, drafted, ..., seconds; `row_passes` = rows summed over passes."""
+    table = [p for p in table if p.get("rows", 0) > 0]
+    if not table:
+        return None
+    w = np.array([p["rows"] for p in table], dtype=float)
+    out = {k: float(np.average([float(p.get(k, 0) or 0) for p in table], weights=w))
+           for k in (*COST_KEYS, "s", "proposer_s")}
+    out["passes"], out["row_passes"] = len(table), int(w.sum())
+    return out
+
+
+def fit_pass_costs(tables: Mapping[Any, list[Mapping]]) -> tuple[law.PassCosts | None, str]:
+    """`law.fit_pass_costs` over the passes of every run whose drafted tokens are known per pass
+    (off: none; structure: the proposer's), with the method used, or None and why not."""
+    rows = [p for (key, mode), t in tables.items() if mode in FITTED_MODES for p in t]
+    try:
+        return law.fit_pass_costs(rows), f"least squares over {len(rows)} passes of the off and structure runs"
+    except LawInputError as exc:
+        return None, str(exc)
+
+
+def law_costs(model: law.PassCosts, comp: Mapping) -> dict:
+    """The law's c_T, delta and d (and the proposer's fixed share `overhead`) from the fitted terms, at
+    a pass of composition `comp` (mean rows n, context, prefill, schema share of the drafts): a pass
+    without drafts costs c_T; one more draft token in each of the n rows adds n x (target's cost per
+    verified token) = delta c_T and n x (the proposer's per drafted token) = d c_T."""
+    n = max(float(comp["rows"]), 1.0)
+    ctx_row = float(comp["ctx"]) / n
+    schema = float(comp["drafted_s"]) / comp["drafted"] if comp.get("drafted") else 0.0
+    t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], proposer=False)
+    c = model.coef
+    per_token = c["verified"] + c["verified_ctx"] * ctx_row / 1000.0 + c["schema"] * schema
+    prop = model.proposer or {}
+    fixed = (prop.get("base", 0.0) + prop.get("row", 0.0) * n + prop.get("ctx", 0.0) * comp["ctx"] / 1000.0)
+    return {"c_t": t_off, "delta": max(n * per_token / t_off, 0.0), "d": max(n * prop.get("drafted", 0.0) / t_off, 0.0),
+            "overhead": max(fixed / t_off, 0.0), "rows": n, "ctx_per_row": ctx_row, "schema_share": schema}
+
+
 def fit_costs_from_turns(logs_by_mode: Mapping[str, list[TurnLog]]) -> dict:
-    """c_T and delta from per-turn decode time: decode_s / steps = c_T (1 + delta k), k = drafted
-    tokens per step (0 when speculation is off), steps = output tokens - accepted drafts. The drafters here are model-free, so their time
-    is inside delta and d = 0."""
+    """Without pass or step logs: c_T and delta from per-turn decode time, decode_s / steps =
+    c_T (1 + delta k), k = drafted tokens per step (0 when speculation is off), steps = output tokens -
+    accepted drafts. d = 0 (the drafters' time is inside delta)."""
     xs, ys = [], []
     for logs in logs_by_mode.values():
         for log in logs:
             drafted = sum(int(r["drafted"]) for r in log.records)
-            # every forward pass emits its accepted drafts + 1 token
             steps = log.output_tokens - sum(int(r["accepted"]) for r in log.records)
             dec = log.timings.get("decode_s", 0.0)
             if steps <= 0 or dec <= 0:
@@ -114,69 +207,12 @@ def fit_costs_from_turns(logs_by_mode: Mapping[str, list[TurnLog]]) -> dict:
             xs.append(drafted / steps)
             ys.append(dec / steps)
     if len(xs) < 3 or float(np.ptp(xs)) == 0.0:
-        return {"c_t": float(np.mean(ys)) if ys else None, "delta": 0.0, "d": 0.0, "turns": len(xs),
+        return {"c_t": float(np.mean(ys)) if ys else None, "delta": 0.0, "d": 0.0, "overhead": 0.0, "turns": len(xs),
                 "method": "too few turns with different draft sizes: delta set to 0"}
     slope, intercept = np.polyfit(np.asarray(xs), np.asarray(ys), 1)
     c_t = float(intercept) if intercept > 0 else float(np.min(ys))
-    delta = max(float(slope) / c_t, 0.0)
-    return {"c_t": c_t, "delta": delta, "d": 0.0, "turns": len(xs),
-            "method": "per-turn least squares of step time on drafted tokens per step; d = 0 (model-free drafter)"}
-
-
-def fit_costs_from_steps(steps_by_run: Mapping[Any, list[Mapping]], min_steps: int = 30) -> dict | None:
-    """Verify cost from the proposer's step log: the gap between two consecutive steps is the target
-    pass that verified the first step's drafts (rows + drafted tokens), fitted by `law.fit_costs`
-    with d = 0 (model-free drafter) and, when rows vary, a per-row cost:
-
-        seconds = a + b rows + c drafted
-
-    Gaps over 3× the run's median are dropped (idle time while every agent waits on a tool, prefills
-    of newly arrived turns). One row's pass costs a + b, an extra verified token c, so the law's delta
-    for one sequence is c / (a + b); per row of a step of n rows, as throughput counts it, it is
-    c n / (a + b n) (`delta_at`). With one batch size seen, the pass is taken as proportional to its
-    rows (a = 0). None when there are too few steps or the regressors are collinear."""
-    rows_, drafted_, secs = [], [], []
-    for steps in steps_by_run.values():
-        ordered = sorted(steps, key=lambda s: s["t"])
-        gaps = [(b["t"] - a["t"], a["rows"], a["drafted"]) for a, b in zip(ordered, ordered[1:], strict=False)
-                if a["rows"] > 0 and b["t"] > a["t"]]
-        if not gaps:
-            continue
-        cut = 3.0 * float(np.median([g[0] for g in gaps]))
-        for gap, n, k in gaps:
-            if gap <= cut:
-                secs.append(gap)
-                rows_.append(n)
-                drafted_.append(k)
-    if len(secs) < min_steps:
-        return None
-    try:
-        fit = law.fit_costs(secs, [n + k for n, k in zip(rows_, drafted_, strict=True)], None, rows_)
-    except LawInputError:
-        return None
-    if fit.row_cost is not None:  # intercept = a one-row pass
-        b = fit.row_cost * fit.c_t
-        a, c = fit.c_t - b, fit.delta * fit.c_t
-    else:  # one batch size n: the intercept is an n-row pass
-        a, b, c = 0.0, fit.c_t / rows_[0], fit.delta * fit.c_t
-    one_row = a + b
-    if one_row <= 0 or c < 0:
-        return None
-    return {"c_t": one_row, "delta": c / one_row, "d": 0.0, "steps": fit.steps,
-            "coef": {"a_s": a, "b_s_per_row": b, "c_s_per_token": c},
-            "rmse_s": fit.residual_sd, "r2": fit.r2,
-            "method": "proposer step log: law.fit_costs of step time on rows and drafted tokens (d = 0, "
-                      "model-free drafter); delta = c / (a + b) for one sequence, delta_at(n) = c n / (a + b n) "
-                      "per row of an n-row step"}
-
-
-def delta_at(costs: Mapping, rows: float) -> float:
-    """The verify cost of one draft token per row of a step with `rows` rows (see fit_costs_from_steps)."""
-    coef = costs.get("coef")
-    if not coef or rows <= 0:
-        return float(costs["delta"])
-    a, b, c = coef["a_s"], coef["b_s_per_row"], coef["c_s_per_token"]
-    return c * rows / (a + b * rows)
+    return {"c_t": c_t, "delta": max(float(slope) / c_t, 0.0), "d": 0.0, "overhead": 0.0, "turns": len(xs),
+            "method": "per-turn least squares of step time on drafted tokens per step; d = 0"}
 
 
 def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int, entropies: Mapping[str, list] | None = None) -> dict:
@@ -213,23 +249,69 @@ def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int, entropies: Map
     }
 
 
-def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int, delta: float | None = None) -> dict:
-    """The law's tau, saving and breakeven w_S* at schema mix `w` with the fitted parameters, at
-    draft length `gamma` (the runs pass the mean drafted length per round: the budget and the
-    grammar end many drafts before gamma_max) and verify cost `delta` (default: the fitted one)."""
+def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int, costs: Mapping | None = None) -> dict:
+    """The law's tau, per-round saving and breakeven w_S* (approx and exact) at schema mix `w` with
+    the fitted kappa and rho, at draft length `gamma` (the mean drafted length per round, as measured:
+    the budget and the grammar end many drafts before gamma_max) and the costs `costs` (`delta`, `d`
+    from the pass cost model at the run's own composition; default: the fit's)."""
     shares = {c: float(w.get(c) or 0.0) for c in CLASSES}
     total = sum(shares.values())
     if total <= 0:
         return {}
     shares = {c: v / total for c, v in shares.items()}
-    delta = fit["delta"] if delta is None else delta
-    params = law.LawParams(fit["kappa"], delta, fit["d"])
+    costs = costs or fit
+    params = law.LawParams(fit["kappa"], costs["delta"], costs["d"])
     mix = law.ClassMix(shares, dict(fit["rho"]))
     rep = law.evaluate(params, mix, gamma).to_dict()
-    return {"gamma": gamma, "delta": delta, "w_s": shares["S"], "tau": rep["tau"], "tau_by_class": rep["tau_by_class"],
-            "saving": rep["saving"], "speedup": rep["speedup"], "w_s_star": rep["w_s_star_exact"],
-            "w_s_star_approx": rep["w_s_star_approx"], "w_s_star_reason": rep["w_s_star_exact_reason"],
+    return {"gamma": gamma, "delta": costs["delta"], "d": costs["d"], "overhead": costs.get("overhead", 0.0),
+            "w_s": shares["S"], "tau": rep["tau"], "tau_by_class": rep["tau_by_class"],
+            "saving": rep["saving"], "speedup": rep["speedup"], "saving_round": rep["saving"],
+            "w_s_star": rep["w_s_star_exact"], "w_s_star_approx": rep["w_s_star_approx"],
+            "w_s_star_reason": rep["w_s_star_exact_reason"], "w_s_star_approx_reason": rep["w_s_star_approx_reason"],
             "eps_bar": rep["eps_bar"]}
+
+
+def _composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
+    """The pass composition used for a prediction; drafts of a stock drafter (ngram, suffix: vLLM
+    counts them per request, not per pass) are spread evenly over the run's row-passes."""
+    out = {k: float(comp.get(k, 0.0)) for k in COST_KEYS}
+    if not measured_drafts:
+        row_passes = max(run["output_tokens"] - run["accepted"], 1)
+        out["drafted"] = run["drafted"] / row_passes * out["rows"]
+        out["drafted_ctx"] = out["drafted"] * out["ctx"] / max(out["rows"], 1.0)
+        out["drafted_s"] = out["drafted"] * float(run["w"].get("S") or 0.0)
+    return out
+
+
+def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mapping,
+                  comp_off: Mapping | None) -> dict:
+    """Predicted against measured decode speedup of one speculative run, as the product of three
+    factors: tokens per row-pass (1 + f tau, f = the share of row-passes that drafted, tau from the
+    law), the off pass over the speculative pass (the fitted pass costs at each run's measured
+    composition; without an off pass log, the speculative run's composition without drafts), and
+    the time outside passes (1 predicted). Each factor's `error` = predicted / measured contribution."""
+    row_passes = max(run["output_tokens"] - run["accepted"], 1)
+    f = min(run["rounds"] / row_passes, 1.0)
+    spec = _composition(comp, run, run["mode"] in FITTED_MODES)
+    off = {k: float(v) for k, v in (comp_off or {}).items() if k in COST_KEYS} if comp_off else {**spec}
+    off.update(drafted=0.0, drafted_ctx=0.0, drafted_s=0.0)
+    t_spec = model.seconds(**spec, proposer=run["mode"] in FITTED_MODES)
+    t_off = model.seconds(**off, proposer=False)
+    acc_pred = 1.0 + f * pred["tau"]
+    predicted = float(1.0 / law.pass_cost_ratio(pred["tau"], t_off, t_spec, f))
+    acc_meas = run["output_tokens"] / row_passes
+    factors = {"tokens per row-pass (tau)": {"predicted": acc_pred, "measured": acc_meas, "error": acc_pred / acc_meas}}
+    measured = run.get("speedup_decode")
+    if comp.get("s") and comp_off and comp_off.get("s"):
+        factors["speculative pass (s)"] = {"predicted": t_spec, "measured": comp["s"], "error": comp["s"] / t_spec}
+        factors["off pass (s)"] = {"predicted": t_off, "measured": comp_off["s"], "error": t_off / comp_off["s"]}
+        if measured:
+            rest = measured / (acc_meas * comp_off["s"] / comp["s"])
+            factors["time outside passes"] = {"predicted": 1.0, "measured": rest, "error": 1.0 / rest}
+    saving = 1.0 - 1.0 / predicted if predicted > 0 else None
+    return {"speedup": predicted, "saving": saving, "draft_share": f, "t_spec_s": t_spec, "t_off_s": t_off,
+            "measured": measured, "error": abs(predicted - measured) / measured if measured else None,
+            "factors": factors}
 
 
 def machine() -> dict:
@@ -259,33 +341,57 @@ def _clean(x: Any) -> Any:
 def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta: Mapping, primary: Mapping,
                  partial: bool = False, compositions: Iterable[law.CompositionCheck] = (),
                  entropies: Mapping[str, list] | None = None,
-                 steps: Mapping[tuple, list[Mapping]] | None = None) -> dict:
+                 steps: Mapping[tuple, list[Mapping]] | None = None,
+                 passes: Mapping[tuple, list[Mapping]] | None = None) -> dict:
     """`runs`: summaries; `logs`: per run key + mode, the turn logs; `primary`: {"batch", "gamma"}
     of the configuration the top-level `speedup` table reports; `steps`: per run key + mode, the
-    structure proposer's step log (`Engine.step_log`), for the verify cost."""
+    structure proposer's step log (`Engine.step_log`); `passes`: per run key + mode, the engine's
+    pass log (`Engine.pass_log`). Both feed the pass cost model."""
     add_speedups(runs)
+    price = accounting.add_costs(runs, steps or {}, lambda r: (run_key(r), r["mode"]))
     gamma = int(primary["gamma"])
     spec_logs = [log for (key, mode), ls in logs.items() if mode.startswith("structure") for log in ls]
     if not spec_logs:
         spec_logs = [log for (key, mode), ls in logs.items() if mode in SPECULATIVE for log in ls]
     timing_logs = {f"{key}/{mode}": ls for (key, mode), ls in logs.items() if mode in ("off", "structure")}
-    structure_steps = {k: v for k, v in (steps or {}).items() if k[1] == "structure" and v}
-    step_costs = fit_costs_from_steps(structure_steps)
-    costs = step_costs or fit_costs_from_turns(timing_logs)
-    mean_rows = {k: float(np.mean([s["rows"] for s in v])) for k, v in structure_steps.items()}
-    if step_costs is not None:
-        primary_rows = [n for (key, _), n in mean_rows.items() if key[1] == primary["batch"]]
-        if primary_rows:  # the law section speaks for the primary batch size
-            costs = {**costs, "delta_one_row": costs["delta"], "delta": delta_at(costs, float(np.mean(primary_rows))),
-                     "primary_mean_rows": float(np.mean(primary_rows))}
+    tables: dict[tuple, list[dict]] = {}
+    pass_source = "engine pass log joined with the proposer's step log"
+    for k in logs:
+        engine_passes, proposer_steps = (passes or {}).get(k) or [], (steps or {}).get(k) or []
+        if engine_passes:
+            tables[k] = pass_table(engine_passes, proposer_steps if k[1].startswith("structure") else [])
+    if not tables:  # reports of engines without a pass log: the proposer's step gaps
+        pass_source = "proposer step gaps (no engine pass log)"
+        tables = {k: passes_from_steps(v) for k, v in (steps or {}).items() if k[1].startswith("structure") and v}
+    comps = {k: mean_pass(t) for k, t in tables.items()}
+    model, model_method = fit_pass_costs(tables) if tables else (None, "no pass or step log")
+    primary_key = next((k for k in comps if k[1] == "structure" and k[0][1] == primary["batch"]
+                        and k[0][2] == gamma and comps[k]), None)
+    if model is not None and primary_key is not None:
+        costs = {**law_costs(model, comps[primary_key]), "model": model.to_dict(), "source": pass_source,
+                 "method": f"pass cost model ({model_method}, {pass_source}); law terms at the primary "
+                           f"structure run's mean pass"}
+    else:
+        costs = {**fit_costs_from_turns(timing_logs), "model_error": model_method}
+        model = None
     fit = fit_law(spec_logs, costs, gamma, entropies) if any(log.records for log in spec_logs) else None
 
-    measured, speedup = [], {}
+    measured, speedup, checks = [], {}, []
+    offs = {(k[0][0], k[0][1], k[0][3]): comps[k] for k in comps if k[1] == "off" and comps[k]}
     for r in runs:
+        key = (run_key(r), r["mode"])
         if fit is not None and r["mode"] in SPECULATIVE and r["output_tokens"] and r["rounds"]:
-            n = mean_rows.get((run_key(r), r["mode"]))
-            r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])),
-                                     delta_at(costs, n) if n and step_costs is not None else None)
+            comp = comps.get(key)
+            run_costs = law_costs(model, _composition(comp, r, r["mode"] in FITTED_MODES)) \
+                if model is not None and comp else None
+            r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])), run_costs)
+            if model is not None and comp:
+                chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])))
+                r["predicted"].update(speedup=chk["speedup"], saving=chk["saving"], check=chk)
+                if chk["measured"]:
+                    name = f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}" + ("" if r["prefix_cache"] else "/no-cache")
+                    checks.append(law.SpeedupCheck(name, chk["speedup"], chk["measured"], chk["factors"]))
+            r["predicted_error"] = r["predicted"].get("check", {}).get("error")
         if r["mode"] != "off" and r["saving_measured"] is not None and r["w"]["S"] is not None:
             measured.append({"arm": r["arm"], "mode": r["mode"], "gamma": r["gamma"], "batch": r["batch"],
                              "w_s": r["w"]["S"], "saving": r["saving_measured"]})
@@ -311,7 +417,7 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
     arms = [law.ArmSaving(m["arm"] + "/" + m["mode"], m["w_s"], m["saving"]) for m in measured
             if m["mode"] == "structure"]
     verdicts = law.verdicts(round_records(spec_logs), gamma=gamma, arms=arms, compositions=list(compositions),
-                            compared=compared, mismatched=mismatched, first_mismatch=first)
+                            compared=compared, mismatched=mismatched, first_mismatch=first, speedups=checks)
     law_section = {}
     if fit is not None:
         primary_run = next((r for r in runs if r["mode"] == "structure" and r["gamma"] == gamma
@@ -320,16 +426,59 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         law_section = {"w_s": w["S"] or 0.0, "w_r": w["R"] or 0.0, "rho_s": fit["rho"]["S"],
                        "rho_r": fit["rho"]["R"], "rho_f": fit["rho"]["F"], "kappa": fit["kappa"],
                        "delta": fit["delta"], "d": fit["d"], "gamma": gamma}
+        pred = (primary_run or {}).get("predicted") or {}
+        if pred:  # the breakeven at the primary run's measured draft length and costs
+            law_section.update({"gamma_drafted": pred["gamma"], "overhead": pred.get("overhead", 0.0),
+                                "draft_share": (pred.get("check") or {}).get("draft_share"),
+                                "w_s_star_exact": pred["w_s_star"], "w_s_star_exact_reason": pred["w_s_star_reason"],
+                                "w_s_star_approx": pred["w_s_star_approx"],
+                                "w_s_star_approx_reason": pred["w_s_star_approx_reason"]})
     report = {
         "schema": SCHEMA, "partial": partial,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "meta": {**machine(), **meta}, "primary": dict(primary),
-        "speedup": speedup, "tau_by_class": tau_by_class, "law": law_section, "law_fit": fit,
+        "speedup": speedup, "peers": accounting.peer_table(runs), "verify_price": price,
+        "tau_by_class": tau_by_class, "law": law_section, "law_fit": fit,
         "measured": measured, "verdicts": [v.to_dict() for v in verdicts],
+        "decisions": decisions(runs, fit, primary) if fit is not None else [],
         "lossless": {"compared": compared, "mismatched": mismatched, "first_mismatch": first},
         "runs": runs,
     }
     return _clean(report)
+
+
+def decisions(runs: list[dict], fit: Mapping, primary: Mapping) -> list[dict]:
+    """The operator's decision per arm and class at the primary configuration (structure, primary γ
+    and batch): speculate where the law's per-round saving s_c = 1 - (1 + γ_c (δ + d)) / (1 + τ_c) is
+    positive, with τ_c predicted by the law and measured (accepted per round), γ_c the class's mean
+    drafted length and δ, d from the pass cost model at the run's own passes; plus one line for the
+    whole arm with its predicted and measured decode saving."""
+    out = []
+    for r in runs:
+        if not (r["mode"] == "structure" and r["gamma"] == primary["gamma"] and r["batch"] == primary["batch"]
+                and r["prefix_cache"] and r.get("predicted")):
+            continue
+        pred = r["predicted"]
+        shares = {c: float(r["w"].get(c) or 0.0) for c in CLASSES}
+        total = sum(shares.values()) or 1.0
+        params = law.LawParams(fit["kappa"], pred["delta"], pred["d"])
+        mix = law.ClassMix({c: v / total for c, v in shares.items()}, dict(fit["rho"]))
+        for c in CLASSES:
+            b = r["by_class"].get(c, {})
+            if not b.get("tokens"):
+                continue
+            rounds = b.get("rounds", 0)
+            g = max(1, round(b["drafted"] / rounds)) if rounds else 1
+            t_pred = float(law.tau_by_class(params, mix, g)[c])
+            s_pred = float(law.saving(g, t_pred, pred["delta"], pred["d"]))
+            s_meas = float(law.saving(g, b["accepted"] / rounds, pred["delta"], pred["d"])) if rounds else None
+            out.append({"arm": r["arm"], "class": c, "speculate": s_pred > 0, "gamma": g, "rounds": rounds,
+                        "tau_predicted": t_pred, "tau_measured": b["accepted"] / rounds if rounds else None,
+                        "saving_predicted": s_pred, "saving_measured": s_meas})
+        out.append({"arm": r["arm"], "class": "all", "speculate": (pred.get("saving") or 0) > 0,
+                    "gamma": pred["gamma"], "rounds": r["rounds"], "saving_predicted": pred.get("saving"),
+                    "saving_measured": r.get("saving_measured")})
+    return out
 
 
 def composition_checks(runs: list[dict], gamma: int) -> list[law.CompositionCheck]:
@@ -408,12 +557,35 @@ def markdown(report: Mapping) -> str:
                 pt = (pred.get("tau_by_class") or {}).get(c)
                 lines.append(f"| | | | | | {c} | {b.get('tokens', 0)} | {b.get('drafted', 0)} | {b.get('accepted', 0)} "
                              f"| {_f(b.get('tau_mean'))} | | | | | {_f(pt)} | | {_f(r['w'].get(c))} | |")
+    lines += _peer_lines(report)
     fit = report.get("law_fit")
     if fit:
         lines += ["", "## Fitted law", "",
                   f"κ = {fit['kappa']:.3f}, ρ_S/ρ_R/ρ_F = {fit['rho']['S']:.3f}/{fit['rho']['R']:.3f}/"
                   f"{fit['rho']['F']:.3f}, δ = {fit['delta']:.4f}, d = {fit['d']:.3f} ({fit['method']}; "
                   f"costs: {fit['costs']['method']})"]
+        lw = report.get("law") or {}
+        if "w_s_star_exact" in lw:
+            lines.append("")
+            lines.append(f"Breakeven schema share at the primary run (γ = {lw['gamma_drafted']} drafted per round, "
+                         f"δ = {lw['delta']:.3f}, d = {lw['d']:.3f}): w_S* exact {_share(lw, 'exact')}, "
+                         f"small-ε̄ approx {_share(lw, 'approx')}")
+        lines += _cost_model_lines(fit.get("costs") or {})
+    checks = [(r, r["predicted"]["check"]) for r in report.get("runs", []) if (r.get("predicted") or {}).get("check")]
+    if checks:
+        lines += ["", "## Predicted vs measured decode speedup", "",
+                  "| arm | mode | γ | b | cache | predicted | measured | error | term most off | 1 + fτ pred./meas. "
+                  "| spec pass ms pred./meas. | off pass ms pred./meas. | outside passes |", "|" + "---|" * 13]
+        for r, c in checks:
+            fa = c["factors"]
+            tau_f = fa.get("tokens per row-pass (tau)", {})
+            sp, op, out = fa.get("speculative pass (s)", {}), fa.get("off pass (s)", {}), fa.get("time outside passes", {})
+            worst = law.SpeedupCheck("", c["speedup"], c["measured"] or 1.0, fa).off_term if c["measured"] else None
+            lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | {'on' if r['prefix_cache'] else 'off'} "
+                         f"| {_f(c['speedup'])}× | {_f(c['measured'])}× | {_f(c['error'], '.1%')} | {worst or '–'} "
+                         f"| {_f(tau_f.get('predicted'))}/{_f(tau_f.get('measured'))} "
+                         f"| {_ms(sp.get('predicted'))}/{_ms(sp.get('measured'))} "
+                         f"| {_ms(op.get('predicted'))}/{_ms(op.get('measured'))} | {_f(out.get('measured'))} |")
     lines += ["", "## Verdicts", ""]
     for v in report.get("verdicts", []):
         lines.append(f"- **{v['name']}**: {v['status']} — {v['text']}")
@@ -425,7 +597,79 @@ def markdown(report: Mapping) -> str:
     if too_long:
         lines += ["", "Turns whose prompt + max_tokens exceeded max_model_len (each ended its episode): "
                   + ", ".join(f"{k}: {v}" for k, v in too_long.items()) + "."]
+    if report.get("decisions"):
+        lines += ["", "## Decision: speculate or not, per arm and class (structure, primary γ and b)", ""]
+        for d in report["decisions"]:
+            what = "speculate" if d["speculate"] else "do not speculate"
+            extra = (f", τ predicted {_f(d.get('tau_predicted'))} / measured {_f(d.get('tau_measured'))}, "
+                     f"{d['rounds']} rounds at γ {d['gamma']}") if d["class"] != "all" else " (decode, whole arm)"
+            lines.append(f"- arm {d['arm']}, {d['class']}: **{what}** — saving predicted {_f(d['saving_predicted'])}, "
+                         f"measured {_f(d['saving_measured'])}{extra}")
     return "\n".join(lines) + "\n"
+
+
+def _peer_lines(report: Mapping) -> list[str]:
+    """Deterministic counts beside wall time (docs/replay.md, "Noise-proof accounting")."""
+    runs = [r for r in report.get("runs", []) if "passes" in r]
+    if not runs:
+        return []
+    price = report.get("verify_price")
+    how = (f"δ̂ from this run's step log ({price['steps']} steps: {1000 * price['a_s']:.1f} ms per pass + "
+           f"{1000 * price['b_s_per_row']:.2f} ms per row + {1000 * price['c_s_per_token']:.2f} ms per drafted "
+           "token; δ̂ at each run's mean rows)") if price else "δ̂ = 0 (too few proposer steps to fit it)"
+    lines = ["", "## Target passes and cost (deterministic at temperature 0)", "",
+             f"cost = passes + δ̂ · drafted, passes = Σ (output tokens − accepted); {how}. The oracle drafts "
+             "exactly the γ tokens the target writes next.", "",
+             "| arm | mode | γ | b | cache | passes | drafted | accepted | δ̂ | cost | oracle cost | decode tok/s |",
+             "|" + "---|" * 12]
+    for r in runs:
+        lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | {'on' if r['prefix_cache'] else 'off'} "
+                     f"| {r['passes']} | {r['drafted']} | {r['accepted']} | {_f(r.get('delta_hat'), '.3f')} "
+                     f"| {_f(r.get('cost'), '.0f')} | {_f(r.get('oracle_cost'), '.0f')} | {_f(r['decode_tok_s'], '.1f')} |")
+    peers = report.get("peers") or []
+    if peers:
+        lines += ["", "| arm | γ | b | structure ÷ off (cost / tok/s) | best stock by cost | structure ÷ best stock, "
+                  "cost | best stock by tok/s | structure ÷ best stock, tok/s | oracle ÷ best stock (cost) "
+                  "| share of the oracle's gain |", "|" + "---|" * 10]
+        for p in peers:
+            lines.append(f"| {p['arm']} | {p['gamma']} | {p['batch']} | {_f(p.get('cost_vs_off'))}× / "
+                         f"{_f(p.get('tok_s_vs_off'))}× | {p.get('best_stock_by_cost', '–')} "
+                         f"| {_f(p.get('cost_vs_best_stock'))}× | {p.get('best_stock_by_tok_s', '–')} "
+                         f"| {_f(p.get('tok_s_vs_best_stock'))}× | {_f(p.get('oracle_vs_best_stock'))}× "
+                         f"| {_f(p.get('oracle_share'), '.0%')} |")
+    return lines
+
+
+def _ms(x: Any) -> str:
+    return "–" if x is None else f"{1000 * x:.1f}"
+
+
+def _share(lw: Mapping, which: str) -> str:
+    v = lw.get(f"w_s_star_{which}")
+    return f"{v:.3f}" if v is not None else f"none ({lw.get(f'w_s_star_{which}_reason', '?')})"
+
+
+def _cost_model_lines(costs: Mapping) -> list[str]:
+    m = costs.get("model")
+    if not m:
+        return []
+    lines = ["", "## Pass cost model (seconds per unit, ± SE)", "",
+             f"{m['passes']} passes, mean {1000 * m['mean_s']:.1f} ms, residual SD {1000 * m['residual_sd']:.1f} ms, "
+             f"R² {m['r2']:.2f} ({costs.get('source', '')})", ""]
+    for k in law.PASS_TERMS:
+        if k in m["dropped"]:
+            lines.append(f"- {k} ({law.PASS_TERM_TEXT[k]}): not fitted — {m['dropped'][k]}")
+        else:
+            lines.append(f"- {k} ({law.PASS_TERM_TEXT[k]}): {1000 * m['coef'][k]:.3f} ± {1000 * m['se'][k]:.3f} ms")
+    p = m.get("proposer") or {}
+    if p:
+        lines.append(f"- proposer: {1000 * p['mean_s']:.2f} ms per step on average = {1000 * p['base']:.2f} ms + "
+                     f"{1000 * p['row']:.3f} ms per row + {1000 * p['drafted']:.3f} ms per drafted token + "
+                     f"{1000 * p['ctx']:.3f} ms per 1k context tokens")
+    lines.append(f"- law terms at the primary structure run's mean pass ({costs['rows']:.1f} rows, "
+                 f"{costs['ctx_per_row']:.0f} context tokens per row): c_T = {1000 * costs['c_t']:.1f} ms, "
+                 f"δ = {costs['delta']:.3f}, d = {costs['d']:.3f}, proposer overhead {costs['overhead']:.3f} c_T per pass")
+    return lines
 
 
 def write_report(report: Mapping, out_dir: str | Path, *, plots: bool = True) -> list[Path]:

@@ -1,0 +1,120 @@
+"""Noise-proof accounting: passes, the verify price from a step log, cost, the oracle, the peer table,
+and per-class rows for vLLM's own drafters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.backends.vllm_metrics import label_records
+from agentspec_sdk.replay import accounting
+from agentspec_sdk.replay.loop import TurnLog
+from agentspec_sdk.replay.report import summarize
+from agentspec_sdk.structure.formats import LawClass
+from agentspec_sdk.structure.segmenter import Span
+from agentspec_sdk.structure.token_labels import TokenClassifier
+
+
+def test_oracle_passes_emit_gamma_plus_one_per_pass():
+    assert accounting.oracle_passes(1, 8) == (1, 0)  # the prefill pass writes the only token
+    assert accounting.oracle_passes(10, 8) == (2, 8)  # 1 + 9 tokens in one verify pass
+    assert accounting.oracle_passes(11, 8) == (3, 8)
+    assert accounting.oracle_passes(0, 8) == (0, 0)
+    passes, drafted = accounting.oracle_passes(100, 4)
+    assert passes + drafted == 100 and passes == 1 + 20
+
+
+def _steps(a, b, c, n_steps=200, seed=0):
+    rng = np.random.default_rng(seed)
+    t, out = 1000.0, []
+    for _ in range(n_steps):
+        rows, drafted = int(rng.integers(1, 9)), int(rng.integers(0, 40))
+        out.append({"t": t, "rows": rows, "drafted": drafted})
+        t += a + b * rows + c * drafted
+    return out
+
+
+def test_verify_price_recovers_known_terms():
+    price = accounting.verify_price({"run": _steps(0.05, 0.006, 0.003)})
+    assert price is not None
+    assert price["a_s"] == pytest.approx(0.05, rel=1e-3)
+    assert price["b_s_per_row"] == pytest.approx(0.006, rel=1e-3)
+    assert price["c_s_per_token"] == pytest.approx(0.003, rel=1e-3)
+    # one drafted token per row of an 8-row step, in units of that row's share of the pass
+    assert accounting.price_at(price, 8) == pytest.approx(0.003 * 8 / (0.05 + 0.006 * 8), rel=1e-3)
+
+
+def test_verify_price_needs_enough_steps():
+    assert accounting.verify_price({"run": _steps(0.05, 0.006, 0.003, n_steps=5)}) is None
+
+
+def _run(mode, passes, drafted, tok_s, gamma=8, oracle=(50, 150)):
+    return {"arm": "D", "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True, "passes": passes,
+            "drafted": drafted, "decode_tok_s": tok_s, "oracle_passes": oracle[0], "oracle_drafted": oracle[1]}
+
+
+def test_costs_and_peer_table():
+    runs = [_run("off", 200, 0, 10.0), _run("ngram", 120, 100, 15.0), _run("suffix", 110, 60, 16.0),
+            _run("structure", 90, 120, 18.0)]
+    steps = {(("D", 8, 8, True), m): _steps(0.05, 0.006, 0.003) for m in ("ngram", "suffix", "structure")}
+    price = accounting.add_costs(runs, steps, lambda r: (("D", r["batch"], r["gamma"], r["prefix_cache"]), r["mode"]))
+    assert price is not None
+    off, ngram, suffix, structure = runs
+    assert off["cost"] == 200 + off["delta_hat"] * 0
+    assert structure["cost"] == pytest.approx(90 + structure["delta_hat"] * 120)
+    [row] = accounting.peer_table(runs)
+    best = min(ngram, suffix, key=lambda r: r["cost"])
+    assert row["best_stock_by_cost"] == best["mode"]
+    assert row["best_stock_by_tok_s"] == "suffix"
+    assert row["cost_vs_best_stock"] == pytest.approx(best["cost"] / structure["cost"])
+    assert row["tok_s_vs_best_stock"] == pytest.approx(18.0 / 16.0)
+    gain = best["cost"] - structure["oracle_cost"]
+    assert row["oracle_share"] == pytest.approx((best["cost"] - structure["cost"]) / gain)
+
+
+def test_without_a_step_log_cost_is_passes():
+    runs = [_run("off", 200, 0, 10.0), _run("structure", 90, 120, 18.0)]
+    assert accounting.add_costs(runs, {}, lambda r: None) is None
+    assert runs[1]["cost"] == 90
+
+
+def _log(records, labels, out_tokens, spec=None):
+    return TurnLog(episode="e", segment=0, step=0, prompt_tokens=10, output_tokens=out_tokens, text="",
+                   acceptance={}, error=None, token_ids=list(range(out_tokens)), finish_reason="stop",
+                   records=records, spec=spec, tokens_by_class={c: labels.count(c) for c in "SRF"},
+                   token_classes=labels, timings={"decode_s": 1.0})
+
+
+def test_summarize_classifies_peer_drafts_by_the_token_they_began_at():
+    labels = "RRRRSSSSSS"
+    records = [{"position": 1, "law_class": None, "source": "ngram", "drafted": 3, "accepted": 1},
+               {"position": 5, "law_class": None, "source": "ngram", "drafted": 4, "accepted": 4}]
+    run = summarize([_log(records, labels, 10)], arm="D", mode="ngram", gamma=8, batch=1, wall_s=1.0)
+    assert run["by_class"]["R"]["drafted"] == 3 and run["by_class"]["R"]["accepted"] == 1
+    assert run["by_class"]["S"]["drafted"] == 4 and run["by_class"]["S"]["accepted"] == 4
+    assert run["passes"] == 10 - 5
+    assert (run["oracle_passes"], run["oracle_drafted"]) == accounting.oracle_passes(10, 8)
+
+
+def test_passes_without_records_take_vllm_counts():
+    run = summarize([_log([], "SSSS", 4, spec={"num_accepted_draft_tokens": 2, "num_draft_tokens": 3})],
+                    arm="D", mode="ngram", gamma=8, batch=1, wall_s=1.0)
+    assert run["passes"] == 2
+
+
+class _Tok:
+    def decode(self, ids):
+        return "ab" if ids[0] % 2 else "c"
+
+
+def test_label_records_from_token_starts():
+    text = "cabcab"  # tokens 0,1,0,1 -> starts 0,1,3,4
+    spans = [Span(0, 3, "reasoning", LawClass.R), Span(3, 6, "tool_call", LawClass.S)]
+    clf = TokenClassifier(_Tok())
+    ids = [0, 1, 0, 1]
+    labels = clf.labels(text, ids, spans)
+    assert labels == "RRSS" and clf.starts(text, ids) == [0, 1, 3, 4]
+    records = [{"position": 2, "law_class": None, "kind": None}, {"position": 0, "law_class": "S", "kind": "x"}]
+    label_records(records, labels, clf.starts(text, ids), spans)
+    assert records[0]["law_class"] == "S" and records[0]["kind"] == "tool_call"
+    assert records[1] == {"position": 0, "law_class": "S", "kind": "x"}  # the proposer's own labels stay
