@@ -94,7 +94,7 @@ def demo(out: OUT = Path("agentspec-demo"),
          episodes: Annotated[int | None, typer.Option("--episodes", help="bundled episodes to replay")] = None,
          batch: Annotated[int, typer.Option("--batch", help="agents in flight")] = 8,
          gamma: Annotated[int, typer.Option("--gamma", help="draft length cap")] = 8,
-         modes: Annotated[str | None, typer.Option("--modes", help="comma list of off,ngram,structure,...")] = None,
+         modes: Annotated[str | None, typer.Option("--modes", help="comma list of off,ngram,suffix,structure,...")] = None,
          max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="tokens per assistant turn")] = None,
          traces: Annotated[Path | None, typer.Option("--traces", help="trace file (default: bundled)")] = None,
          entropies: Annotated[bool, typer.Option("--entropies/--no-entropies",
@@ -106,7 +106,8 @@ def demo(out: OUT = Path("agentspec-demo"),
     from agentspec_sdk.replay.runner import EngineConfig, Plan
 
     try:
-        mode_list = _csv(modes) if modes else (["off", "structure"] if quick else ["off", "structure", "ngram"])
+        mode_list = _csv(modes) if modes else (["off", "structure", "suffix"] if quick
+                                               else ["off", "structure", "ngram", "suffix"])
         arm = build_arm("D", episodes or (4 if quick else 8), max_tokens=max_tokens or (64 if quick else 128),
                         trace_path=traces, max_segments=1 if quick else 2)
         plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=[arm], batches=[batch],
@@ -121,7 +122,7 @@ def demo(out: OUT = Path("agentspec-demo"),
 def bench(out: OUT = Path("agentspec-bench"),
           arms: Annotated[str, typer.Option("--arms", help="comma list of A,B,C,D")] = "A,B,C,D",
           modes: Annotated[str, typer.Option("--modes")] =
-          "off,ngram,structure,structure-no-budget,structure-no-isolation",
+          "off,ngram,suffix,structure,structure-no-budget,structure-no-isolation",
           gammas: Annotated[str, typer.Option("--gammas", help="draft lengths swept")] = "4,8,16",
           batches: Annotated[str, typer.Option("--batches", help="agents in flight")] = "1,8",
           n: Annotated[int, typer.Option("--n", help="prompts (episodes) per arm")] = 8,
@@ -167,32 +168,36 @@ def bench(out: OUT = Path("agentspec-bench"),
 
 
 def headline(report: dict) -> list[str]:
-    """The protocol's goal ratios from a report: arm D at the largest batch, structure at the primary γ
-    (and at its best γ) against `off` and against ngram at ngram's best γ; arm A (the gate) against `off`."""
-    runs = [r for r in report.get("runs", []) if r["prefix_cache"] and r.get("decode_tok_s")]
+    """The protocol's goal ratios from a report, in deterministic cost and in decode tok/s: structure
+    against `off` and against the best stock drafter (ngram or suffix, each measure picking its own
+    best) at every γ, with the oracle's bound and the share of its gain structure captures; arm A (the
+    gate) against the best stock drafter; then the verdicts."""
     b = report["primary"]["batch"]
-    g = report["primary"]["gamma"]
-
-    def best(arm: str, mode: str, gamma: int | None = None) -> tuple[float, int | None]:
-        rs = [r for r in runs if r["arm"] == arm and r["mode"] == mode and r["batch"] == b
-              and (gamma is None or r["gamma"] == gamma)]
-        top = max(rs, key=lambda r: r["decode_tok_s"], default=None)
-        return (top["decode_tok_s"], top["gamma"]) if top else (0.0, None)
-
     lines = []
-    (off_d, _), (st_d, _), (st_best, st_g), (ng_d, ng_g) = (best("D", "off"), best("D", "structure", g),
-                                                           best("D", "structure"), best("D", "ngram"))
-    if off_d and st_d:
-        lines.append(f"Arm D, b={b}: structure (γ={g}) {st_d / off_d:.2f}× off decode tok/s (goal ≥ 1.8×)")
-    if ng_d and st_d:
-        lines.append(f"Arm D, b={b}: structure (γ={g}) {st_d / ng_d:.2f}× best ngram (γ={ng_g}) (goal ≥ 1.5×); "
-                     f"best structure (γ={st_g}) {st_best / ng_d:.2f}×")
-    off_a, st_a = best("A", "off")[0], best("A", "structure", g)[0]
-    if off_a and st_a:
-        lines.append(f"Arm A, b={b}: structure (gated) {st_a / off_a:.2f}× off (goal ≥ 0.98×)")
+    for p in report.get("peers") or []:
+        if p["batch"] != b or not p["prefix_cache"] or p["arm"] not in ("A", "D"):
+            continue
+        head = f"Arm {p['arm']}, b={b}, γ={p['gamma']}: structure"
+        parts = []
+        if p.get("cost_vs_off"):
+            parts.append(f"{p['cost_vs_off']:.2f}× off in cost, {_x(p.get('tok_s_vs_off'))} in decode tok/s")
+        if p.get("cost_vs_best_stock"):
+            parts.append(f"{p['cost_vs_best_stock']:.2f}× the best stock drafter in cost "
+                         f"({p['best_stock_by_cost']}), {_x(p.get('tok_s_vs_best_stock'))} in decode tok/s "
+                         f"({p['best_stock_by_tok_s']})")
+        if p["arm"] == "D" and p.get("oracle_vs_best_stock"):
+            share = p.get("oracle_share")
+            parts.append(f"oracle {p['oracle_vs_best_stock']:.2f}× the best stock drafter in cost, structure "
+                         f"captures {'–' if share is None else f'{share:.0%}'} of the oracle's gain")
+        if parts:
+            lines.append(head + " " + "; ".join(parts))
     for v in report.get("verdicts", []):
         lines.append(f"{v['name']}: {v['status']} — {v['text']}")
     return lines
+
+
+def _x(v) -> str:
+    return "–" if v is None else f"{v:.2f}×"
 
 
 def _headline(report: dict) -> None:
@@ -200,7 +205,10 @@ def _headline(report: dict) -> None:
         typer.echo(line)
 
 
-def record(source: Annotated[str, typer.Option("--source", help="trace source")] = "bfcl-multi-turn",
+def record(source: Annotated[str, typer.Option("--source", help="trace source: bfcl-multi-turn or humaneval")]
+           = "bfcl-multi-turn",
+           fmt: Annotated[str | None, typer.Option("--format", help="agent format: tool_calls or react "
+                                                   "(bfcl-multi-turn), code_agent (humaneval)")] = None,
            n: Annotated[int, typer.Option("--n", help="episodes")] = 12,
            out: Annotated[Path, typer.Option("--out", help="JSONL trace file to write")] = Path("traces.jsonl"),
            category: Annotated[str, typer.Option("--category", help="BFCL multi-turn category")] = "base",
@@ -210,14 +218,19 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source")]
            concurrency: Annotated[int, typer.Option("--concurrency")] = 8,
            speculation: Annotated[str, typer.Option("--speculation", help="engine mode while recording")] = "off",
            eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
-    """Record agent traces: the model runs the agent loop, tools are executed for real."""
+    """Record agent traces: the model runs the agent loop, tools (and a code agent's code, in the
+    sandbox) are executed for real."""
     from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
     from agentspec_sdk.backends.vllm_engine import Engine
+    from agentspec_sdk.replay.record import check_source_format
     from agentspec_sdk.replay.record import record as record_traces
     from agentspec_sdk.replay.trace import dump_traces
 
     quiet_vllm()
     try:
+        fmt = check_source_format(source, fmt)
+        if source == "humaneval":
+            max_segments = 1  # one task per episode
         tokenizer = load_tokenizer(model)
         engine = Engine(model=model, speculation=speculation, seed=seed, enforce_eager=eager)
         progress = _Progress(n * max_segments * max_steps, "record")  # at most
@@ -225,7 +238,7 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source")]
             episodes = record_traces(engine, source=source, n=n, category=category, max_segments=max_segments,
                                      max_steps=max_steps, max_tokens=max_tokens, concurrency=concurrency,
                                      tokenizer=tokenizer, on_turn=progress.turn,
-                                     model_name=Path(resolve_model(model)).name)
+                                     model_name=Path(resolve_model(model)).name, fmt=fmt)
         finally:
             progress.close()
             engine.close()
