@@ -63,6 +63,7 @@ HANDLED = {
     "dependentRequired", "dependentSchemas",
 }
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
+_NUMBER_PARTS = re.compile(r"(-?)(\d+)(\.\d+)?([eE][+-]?\d+)?")
 # Validation keywords of drafts 4 to 2020-12 the compiler does not express. Any other keyword is
 # an annotation by the specification's rules and is ignored.
 UNSUPPORTED = {
@@ -252,8 +253,38 @@ class _Compiler:
         return seq(self.ws(), lit(c), self.ws())
 
     def key(self, name: str) -> Node:
-        """A declared key; in compact mode with its colon, as one lexeme."""
-        return lit(canonical_literal(name) + ("" if self.flexible else ":"))
+        """A declared key: the JSON string alone, one lexeme (its colon is a lexeme of its own).
+
+        Every lexeme is one whole JSON token (or a fixed piece of a number: sign, integer digits,
+        fraction, exponent), so a declared key and a generic key terminal at the same position match
+        the same text and llguidance's lexer hands the parser both; a key lexeme that swallowed
+        its colon would be a longer match the lexer commits to (`{"a":1}` against
+        anyOf[{a: string}, any object] died at the `1`)."""
+        return lit(canonical_literal(name))
+
+    def value_tokens(self, value) -> Node:
+        """A JSON value as the sequence of its tokens, split where every other rule splits them
+        (see `key`): an enum/const `{"a":1}` next to an object rule, or `-5.5` next to a number rule,
+        must not be one longer lexeme the lexer would commit to."""
+        if isinstance(value, dict):
+            if not value:
+                return self.empty("{", "}")
+            members = [seq(self.key(k), self.punct(":"), self.value_tokens(v)) for k, v in value.items()]
+            body = [members[0], *(seq(self.punct(","), m) for m in members[1:])]
+            return seq(self.punct("{"), *body, self.punct("}"))
+        if isinstance(value, list):
+            if not value:
+                return self.empty("[", "]")
+            body = [self.value_tokens(value[0]), *(seq(self.punct(","), self.value_tokens(v)) for v in value[1:])]
+            return seq(self.punct("["), *body, self.punct("]"))
+        text = canonical_literal(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            sign, digits, fraction, exponent = _NUMBER_PARTS.fullmatch(text).groups()
+            return seq(*(lit(part) for part in (sign, digits, fraction, exponent) if part))
+        return lit(text)
+
+    def empty(self, open_: str, close: str) -> Node:
+        return seq(lit(open_), self.ws(), lit(close)) if self.flexible else seq(lit(open_), lit(close))
 
     # ------------------------------------------------------------ schemas
 
@@ -523,7 +554,7 @@ class _Compiler:
         for value in values:
             try:
                 if _satisfies(value, schema):
-                    kept.append(lit(canonical_literal(value)))
+                    kept.append(self.value_tokens(value))
             except (ValueError, TypeError) as exc:
                 raise InvalidSchema(f"enum/const value is not JSON: {exc}", where) from exc
         if schema.get("nullable") is True and "null" not in [getattr(k, "text", None) for k in kept]:
@@ -663,7 +694,7 @@ class _Compiler:
         pattern_props = schema.get("patternProperties") or {}
         if not isinstance(pattern_props, dict):
             raise InvalidSchema("patternProperties must be an object", _ptr(pointer, "patternProperties"))
-        colon = self.punct(":") if self.flexible else EMPTY
+        colon = self.punct(":")
         members: list[tuple[Node, bool]] = []
         declared = list(dict.fromkeys([*props, *required]))
         for name in declared:
