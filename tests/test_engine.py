@@ -300,7 +300,7 @@ def test_records_settle_against_the_final_tokens(tmp_path):
     records = tail.claim(prompt, output)
     assert [(r["position"], r["drafted"], r["accepted"]) for r in records] == [(0, 3, 2), (3, 2, 1)]
     assert tail.proposer_stats()["steps"] == 2
-    assert tail.steps_between(100.0, 101.0) == [{"t": 100.5, "rows": 3, "drafted": 4}]
+    assert tail.steps_between(100.0, 101.0) == [{"t": 100.5, "rows": 3, "drafted": 4, "proposer_s": 0.001}]
     assert tail.steps_between(101.0, 102.0) == []
 
 

@@ -14,9 +14,8 @@ from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.report import (
     build_report,
     composition_checks,
-    delta_at,
-    fit_costs_from_steps,
     markdown,
+    pass_table,
     summarize,
     write_report,
 )
@@ -70,6 +69,8 @@ def test_report_structure_speedup_and_law():
     assert rep["speedup"]["D"]["structure"]["decode"] == pytest.approx(2.0)
     assert rep["speedup"]["D"]["off"]["decode"] == pytest.approx(1.0)
     assert {"w_s", "w_r", "rho_s", "rho_r", "rho_f", "kappa", "delta", "d", "gamma"} == set(rep["law"])
+    assert rep["breakeven"]["w_s_star_exact"] is not None or rep["breakeven"]["w_s_star_exact_reason"]
+    assert rep["breakeven"]["w_s_star_approx"] is not None or rep["breakeven"]["w_s_star_approx_reason"]
     # tau_by_class comes from per-position acceptance: S accepted 290 of 290 + 10 rejections
     s_points = rep["tau_by_class"]["S"]
     assert s_points[0]["gamma"] == 8 and s_points[0]["alpha"] == pytest.approx(290 / 300)
@@ -83,7 +84,8 @@ def test_report_structure_speedup_and_law():
     assert run["predicted"]["tau"] == pytest.approx(float(law.tau(g, eps)))
     assert run["predicted"]["saving"] == pytest.approx(float(law.saving(g, law.tau(g, eps), lw["delta"], lw["d"])))
     names = [v["name"] for v in rep["verdicts"]]
-    assert names == ["P1", "R1", "R2", "R3", "R4"]
+    assert names == ["P1", "R1", "R2", "R3", "R4", "R5"]
+    assert rep["verdicts"][5]["status"] == "insufficient data"  # no pass log: no speedup prediction
     r1 = rep["verdicts"][1]
     assert r1["status"] == "pass"  # S accepts far more than F in these records
     assert rep["lossless"] == {"compared": 4, "mismatched": 0, "first_mismatch": None}
@@ -91,52 +93,79 @@ def test_report_structure_speedup_and_law():
     assert "| D | structure | 8 | 8 | on | all |" in markdown(rep)
 
 
-def synthetic_steps(a=0.02, b=0.01, c=0.004, n=400, seed=0, rows=(1, 4, 8)):
-    """A proposer step log whose gaps follow seconds = a + b rows + c drafted, with noise and idle gaps."""
+TERMS = {"base": 0.03, "row": 0.004, "verified": 0.002, "verified_ctx": 0.0008, "schema": 0.0005,
+         "prefill": 0.0001, "ctx": 0.002}
+
+
+def engine_passes(n=300, seed=0, drafts=True, t0=1000.0):
+    """Engine passes and the proposer steps inside them whose seconds follow TERMS (drafts made in
+    pass j are verified in pass j + 1), with other requests' prefills now and then."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    t, out = 1000.0, []
-    for i in range(n):
-        r = int(rng.choice(rows))
-        k = int(rng.integers(0, 8 * r + 1))
-        out.append({"t": t, "rows": r, "drafted": k})
-        t += a + b * r + c * k + rng.normal(0, 0.001)
-        if i % 50 == 49:
-            t += 5.0  # every agent waited on a tool: not a pass
-    return out
+    t, passes, steps, made = t0, [], [], None
+    for _ in range(n):
+        rows = int(rng.integers(1, 9))
+        ctx = int(rows * rng.integers(300, 3000))
+        prefill = int(rng.integers(100, 1500)) if rng.random() < 0.15 else 0
+        k, kctx, ks = (made or (0, 0, 0))
+        new_k = int(rng.integers(0, 6 * rows + 1)) if drafts else 0
+        prop = (0.0005 + 0.0001 * rows + 0.00002 * new_k) if drafts else 0.0
+        s = (TERMS["base"] + TERMS["row"] * rows + TERMS["verified"] * k + TERMS["verified_ctx"] * kctx / 1000
+             + TERMS["schema"] * ks + TERMS["prefill"] * prefill + TERMS["ctx"] * ctx / 1000 + prop
+             + rng.normal(0, 0.0005))
+        passes.append({"t": t, "s": s, "rows": rows, "tokens": rows, "ctx": ctx, "prefill": prefill})
+        made = None
+        if drafts:
+            k = new_k
+            kctx = int(k * ctx / rows * rng.uniform(0.7, 1.3))
+            ks = int(k * rng.uniform(0, 1))
+            steps.append({"t": t + s - prop, "rows": rows, "drafted": k, "drafted_ctx": kctx, "drafted_s": ks,
+                          "proposer_s": prop, "ctx": ctx})
+            made = (k, kctx, ks)
+        t += s + 0.001
+    return passes, steps
 
 
-def test_verify_cost_is_fitted_from_the_step_log():
-    costs = fit_costs_from_steps({"run": synthetic_steps()})
-    assert costs["coef"]["c_s_per_token"] == pytest.approx(0.004, rel=0.05)
-    assert costs["c_t"] == pytest.approx(0.03, rel=0.05)
-    assert costs["delta"] == pytest.approx(0.004 / 0.03, rel=0.08)
-    assert delta_at(costs, 8) == pytest.approx(0.004 * 8 / (0.02 + 0.01 * 8), rel=0.08)
-    assert costs["steps"] < 400  # the idle gaps were dropped
-    # one batch size: the pass is taken as proportional to its rows
-    one = fit_costs_from_steps({"run": synthetic_steps(a=0.0, b=0.0125, rows=(8,))})
-    assert one["delta"] == pytest.approx(0.004 / 0.0125, rel=0.08)
-    assert fit_costs_from_steps({"run": synthetic_steps(n=10)}) is None  # too few steps
-    flat = [dict(s, drafted=3) for s in synthetic_steps()]
-    assert fit_costs_from_steps({"run": flat}) is None  # no spread in drafted tokens
+def test_engine_passes_are_joined_with_the_proposer_steps():
+    passes, steps = engine_passes(n=5)
+    table = pass_table(passes, steps)
+    assert table[0]["drafted"] == 0  # nothing was drafted before the first pass
+    for j in range(1, 5):  # drafts made during pass j - 1 are verified in pass j
+        assert table[j]["drafted"] == steps[j - 1]["drafted"]
+        assert table[j]["drafted_s"] == steps[j - 1]["drafted_s"]
+        assert table[j - 1]["proposer_s"] == pytest.approx(steps[j - 1]["proposer_s"])
 
 
-def test_report_takes_delta_from_the_step_log_and_predicts_each_run_at_its_batch():
-    rep_steps = {(("D", 8, 8, True), "structure"): synthetic_steps(rows=(8, 6, 7))}
+def test_report_fits_the_pass_cost_model_and_checks_each_prediction():
+    spec_passes, spec_steps = engine_passes(seed=1)
+    off_passes, _ = engine_passes(seed=2, drafts=False, t0=5000.0)
     off = [log(decode_s=2.0, prompt_hash=f"p{i}") for i in range(4)]
     spec = [log(decode_s=1.0, prompt_hash=f"p{i}", records=spec_records()[i::4]) for i in range(4)]
     runs = [summarize(off, arm="D", mode="off", gamma=8, batch=8, wall_s=8.0),
             summarize(spec, arm="D", mode="structure", gamma=8, batch=8, wall_s=4.0)]
-    logs = {(("D", 8, 8, True), "off"): off, (("D", 8, 8, True), "structure"): spec}
-    rep = build_report(runs, logs, meta={}, primary={"batch": 8, "gamma": 8}, steps=rep_steps)
-    costs = rep["law_fit"]["costs"]
-    assert costs["method"].startswith("proposer step log")
-    rows = costs["primary_mean_rows"]
-    assert rep["law"]["delta"] == pytest.approx(delta_at(costs, rows))
-    assert costs["delta_one_row"] < rep["law"]["delta"]  # a token costs more per row in a batch
+    k_off, k_spec = (("D", 8, 8, True), "off"), (("D", 8, 8, True), "structure")
+    logs = {k_off: off, k_spec: spec}
+    rep = build_report(runs, logs, meta={}, primary={"batch": 8, "gamma": 8}, steps={k_spec: spec_steps},
+                       passes={k_off: off_passes, k_spec: spec_passes})
+    model = rep["law_fit"]["costs"]["model"]
+    for term, value in TERMS.items():
+        assert model["coef"][term] == pytest.approx(value, rel=0.15, abs=2e-5), term
+    assert model["proposer"]["base"] == pytest.approx(0.0005, abs=1e-4)
+    assert model["proposer"]["drafted"] == pytest.approx(0.00002, abs=5e-6)
     run = next(r for r in rep["runs"] if r["mode"] == "structure")
-    assert run["predicted"]["delta"] == pytest.approx(rep["law"]["delta"])
+    check = run["predicted"]["check"]
+    assert check["speedup"] == pytest.approx(run["predicted"]["speedup"])
+    # the factors multiply to predicted / measured
+    product = math.prod(f["error"] for f in check["factors"].values())
+    assert product == pytest.approx(check["speedup"] / check["measured"], rel=1e-6)
+    r5 = next(v for v in rep["verdicts"] if v["name"] == "R5")
+    assert r5["status"] in ("pass", "rejected") and r5["numbers"]["checks"][0]["name"] == "D/structure/γ8/b8"
+    assert (r5["status"] == "rejected") == (check["error"] > 0.15)
+    md = markdown(rep)
+    assert "## Predicted vs measured decode speedup" in md and "## Pass cost model" in md
+    assert md.rstrip().splitlines()[-1].startswith("- arm D, all:")  # the report ends with the decisions
+    assert {d["class"] for d in rep["decisions"]} == {"S", "R", "F", "all"}
 
 
 def test_kappa_is_fitted_when_the_report_has_entropies():

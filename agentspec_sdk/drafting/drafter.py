@@ -255,7 +255,11 @@ class StructureDrafter:
             if st is not None and draft and cand is not None:
                 st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft,
                                           cand.sources[: len(draft)])
-        self.accounting.end_step(len(rows), sum(map(len, drafts)), time.perf_counter() - started, errors, at)
+        sizes = [len(d) for d in drafts]  # for the report's cost fit: context and class of the drafted tokens
+        extra = {"ctx": int(sum(r.num_tokens if r.num_tokens is not None else len(r.token_ids) for r in rows)),
+                 "drafted_ctx": int(sum(k * len(states[i].ids) for i, k in enumerate(sizes) if k)),
+                 "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True) if k and c.law_class == "S"))}
+        self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
         return drafts
 
     def _match_rows(self, rows: Sequence[RowInput]) -> list[_Row | None]:

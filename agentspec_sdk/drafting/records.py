@@ -105,8 +105,10 @@ class Accounting:
         if self.records_path is not None:
             self._buffer.append(json.dumps({"type": "round", **rnd.to_dict()}))
 
-    def end_step(self, rows: int, drafted: int, seconds: float, errors: int, at: float | None = None) -> None:
-        """`at`: wall-clock time (time.time()) the step began; default: now minus `seconds`."""
+    def end_step(self, rows: int, drafted: int, seconds: float, errors: int, at: float | None = None,
+                 extra: dict | None = None) -> None:
+        """`at`: wall-clock time (time.time()) the step began; default: now minus `seconds`; `extra`:
+        more fields for the step line (context tokens, drafted tokens × context, schema-class drafts)."""
         self.steps += 1
         self.rows_seen += rows
         self.proposer_s += seconds
@@ -114,7 +116,7 @@ class Accounting:
         if self.records_path is not None:
             at = time.time() - seconds if at is None else at
             self._buffer.append(json.dumps({"type": "step", "t": round(at, 6), "rows": rows, "drafted": drafted,
-                                            "proposer_s": round(seconds, 7), "errors": errors}))
+                                            "proposer_s": round(seconds, 7), "errors": errors, **(extra or {})}))
             self.flush()
 
     def flush(self) -> None:

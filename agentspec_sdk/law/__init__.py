@@ -26,6 +26,7 @@ from agentspec_sdk.law.closed_forms import (
     marginal_tau,
     mismatch,
     net_cost,
+    pass_cost_ratio,
     round_cost,
     saving,
     saving_at,
@@ -40,22 +41,27 @@ from agentspec_sdk.law.closed_forms import (
     token_values,
 )
 from agentspec_sdk.law.estimators import (
+    PASS_TERM_TEXT,
+    PASS_TERMS,
     ClassAcceptance,
     CostFit,
     KappaFit,
     OnlineAcceptance,
     OnlineStepCost,
+    PassCosts,
     RoundRecord,
     acceptance_by_class,
     entropy_from_logprobs,
     fit_costs,
     fit_kappa,
+    fit_pass_costs,
     rho_from_entropies,
     wilson_interval,
 )
 from agentspec_sdk.law.verdicts import (
     ArmSaving,
     CompositionCheck,
+    SpeedupCheck,
     Verdict,
     token_mismatches,
     verdict_p1,
@@ -63,6 +69,7 @@ from agentspec_sdk.law.verdicts import (
     verdict_r2,
     verdict_r3,
     verdict_r4,
+    verdict_r5,
     verdicts,
 )
 
@@ -75,5 +82,6 @@ __all__ = [
     "fit_kappa", "gamma_opt", "marginal_tau", "mismatch", "net_cost", "rho_from_entropies",
     "round_cost", "saving", "saving_at", "saving_vs_w_s", "schema_ceiling", "speedup",
     "speedup_curve", "tau", "tau_by_class", "tau_mixed", "tau_vs_w_s", "token_values", "extend_pays", "token_mismatches", "verdict_p1",
-    "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdicts", "wilson_interval",
+    "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdict_r5", "verdicts", "wilson_interval", "PassCosts", "PASS_TERMS", "PASS_TERM_TEXT", "SpeedupCheck", "fit_pass_costs",
+    "pass_cost_ratio",
 ]

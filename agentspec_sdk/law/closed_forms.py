@@ -205,6 +205,20 @@ def speedup(gamma, tau_value, delta, d):
     return 1.0 / cost_ratio(gamma, tau_value, delta, d)
 
 
+def pass_cost_ratio(tau_value, t_off, t_spec, draft_share=1.0):
+    """c_net / c_1 from measured pass costs: a speculative pass costs `t_spec` (seconds, or any unit)
+    where plain decoding's costs `t_off`, and emits 1 + f tau tokens per row, f = `draft_share` the
+    share of row-passes that drafted. With f = 1 and t_spec / t_off = 1 + gamma (delta + d) this is
+    `cost_ratio`."""
+    t_off, t_spec = np.asarray(t_off, dtype=float), np.asarray(t_spec, dtype=float)
+    if np.any(t_off <= 0) or np.any(t_spec <= 0):
+        raise LawInputError(f"pass costs must be > 0, got t_off={t_off}, t_spec={t_spec}")
+    f = np.asarray(draft_share, dtype=float)
+    if np.any(f < 0) or np.any(f > 1):
+        raise LawInputError(f"draft share must be in [0, 1], got {draft_share}")
+    return t_spec / (t_off * (1.0 + f * np.asarray(tau_value, dtype=float)))
+
+
 def saving_at(params: LawParams, mix: ClassMix, gamma):
     g = check_gamma(gamma)
     return saving(g, tau_mixed(params, mix, g), params.delta, params.d)

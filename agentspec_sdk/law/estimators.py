@@ -475,3 +475,126 @@ class OnlineStepCost:
     @property
     def learned(self) -> bool:
         return self._estimate is not None
+
+
+# ---------------------------------------------------------------- pass cost model
+
+PASS_TERMS = ("base", "row", "verified", "verified_ctx", "schema", "prefill", "ctx")
+PASS_TERM_TEXT = {
+    "base": "per pass", "row": "per row", "verified": "per verified draft token",
+    "verified_ctx": "per verified draft token per 1k tokens of its row's context",
+    "schema": "per verified draft token of a schema (S) row: grammar-mask work",
+    "prefill": "per prompt token other requests prefill in the pass",
+    "ctx": "per 1k tokens of context of the rows in the pass",
+}
+PROPOSER_TERMS = ("base", "row", "drafted", "ctx")
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """What one target pass costs, term by term (seconds per unit), fitted by least squares over a
+    run's passes:
+
+        seconds - proposer_s = base + row rows + verified drafted + verified_ctx drafted_ctx / 1000
+                               + schema drafted_s + prefill prefill + ctx ctx / 1000
+
+    `proposer` is the drafter's own time per step, fitted the same way on `proposer_s` (base, row,
+    drafted, ctx). Terms without spread in the data are not fitted and stay 0 (`dropped` says
+    which and why). `residual_sd` / `r2` are over the passes used."""
+
+    coef: dict
+    se: dict
+    proposer: dict
+    dropped: dict
+    r2: float
+    residual_sd: float
+    mean_s: float
+    passes: int
+
+    def seconds(self, rows=1.0, drafted=0.0, drafted_ctx=0.0, drafted_s=0.0, prefill=0.0, ctx=0.0,
+                proposer: bool = True) -> float:
+        """Predicted seconds of a pass of this composition (with the proposer's time unless told not)."""
+        c = self.coef
+        t = (c["base"] + c["row"] * rows + c["verified"] * drafted + c["verified_ctx"] * drafted_ctx / 1000.0
+             + c["schema"] * drafted_s + c["prefill"] * prefill + c["ctx"] * ctx / 1000.0)
+        if proposer and self.proposer:
+            p = self.proposer
+            t += p["base"] + p["row"] * rows + p["drafted"] * drafted + p["ctx"] * ctx / 1000.0
+        return float(t)
+
+    def token_cost(self, ctx_per_row: float = 0.0, schema_share: float = 0.0) -> float:
+        """Seconds one more verified draft token adds to a pass (target + drafter), at a row context
+        of `ctx_per_row` tokens with `schema_share` of the drafted tokens in S rows."""
+        c = self.coef
+        t = c["verified"] + c["verified_ctx"] * ctx_per_row / 1000.0 + c["schema"] * schema_share
+        return float(t + (self.proposer.get("drafted", 0.0) if self.proposer else 0.0))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _lsq(y: np.ndarray, cols: dict[str, np.ndarray]) -> tuple[dict, dict, dict, np.ndarray]:
+    """Least squares on the columns that carry information, in the given order; a column with no
+    spread (other than the intercept) or that would make the design rank-deficient is dropped."""
+    names, kept, dropped = [], [], {}
+    for name, col in cols.items():
+        if name != "base" and float(np.ptp(col)) == 0.0:
+            dropped[name] = "no spread in the data"
+            continue
+        trial = np.stack(kept + [col], axis=1)
+        scale = np.maximum(np.abs(trial).max(axis=0), 1e-12)
+        if np.linalg.matrix_rank(trial / scale, tol=1e-8) < trial.shape[1]:
+            dropped[name] = f"collinear with {names}"
+            continue
+        kept.append(col)
+        names.append(name)
+    X = np.stack(kept, axis=1)
+    if len(y) <= X.shape[1]:
+        raise LawInputError(f"need more than {X.shape[1]} passes to fit {names}, got {len(y)}")
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ beta
+    sigma2 = float(resid @ resid) / (len(y) - X.shape[1])
+    cov = sigma2 * np.linalg.pinv(X.T @ X)
+    coef = {n: 0.0 for n in cols}
+    se = {n: 0.0 for n in cols}
+    for i, n in enumerate(names):
+        coef[n], se[n] = float(beta[i]), float(math.sqrt(max(cov[i, i], 0.0)))
+    return coef, se, dropped, resid
+
+
+def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30) -> PassCosts:
+    """Fit `PassCosts` from passes: mappings with `s` (seconds of the pass) and `rows`, optionally
+    `drafted` (draft tokens verified in the pass), `drafted_ctx` (sum over rows of drafted x the row's
+    context), `drafted_s` (drafted tokens of schema rows), `prefill` (uncached prompt tokens computed),
+    `ctx` (sum of the rows' context lengths) and `proposer_s` (the drafter's own seconds in the pass).
+    `made` (drafts the proposer made in the pass, verified in the next; default `drafted`) is what the
+    proposer's own time is fitted on. Missing fields count as 0. Passes without rows are skipped."""
+    rows = [p for p in passes if int(p.get("rows", 0)) > 0 and float(p.get("s", 0.0)) > 0]
+    if len(rows) < min_passes:
+        raise LawInputError(f"need at least {min_passes} passes with rows to fit pass costs, got {len(rows)}")
+
+    def col(key: str, scale: float = 1.0) -> np.ndarray:
+        return np.array([float(p.get(key, 0.0) or 0.0) for p in rows]) / scale
+
+    prop = col("proposer_s")
+    y = col("s") - prop
+    cols = {"base": np.ones(len(rows)), "row": col("rows"), "verified": col("drafted"),
+            "verified_ctx": col("drafted_ctx", 1000.0), "schema": col("drafted_s"), "prefill": col("prefill"),
+            "ctx": col("ctx", 1000.0)}
+    coef, se, dropped, resid = _lsq(y, cols)
+    if coef["base"] + coef["row"] <= 0:
+        raise LawInputError(f"fitted one-row pass = {coef['base'] + coef['row']:.3g} s <= 0: "
+                            "the pass times do not fit the model")
+    proposer: dict = {}
+    ran = prop > 0  # passes in which the proposer ran (none in a run without speculation)
+    if int(ran.sum()) > len(PROPOSER_TERMS):
+        made = np.array([float(p.get("made", p.get("drafted", 0.0)) or 0.0) for p in rows])
+        pcols = {"base": cols["base"][ran], "row": cols["row"][ran], "drafted": made[ran], "ctx": cols["ctx"][ran]}
+        pc, _, _, _ = _lsq(prop[ran], pcols)
+        proposer = {k: pc[k] for k in PROPOSER_TERMS}
+        proposer["mean_s"] = float(prop[ran].mean())
+    total = float(((y - y.mean()) ** 2).sum())
+    return PassCosts(coef=coef, se=se, proposer=proposer, dropped=dropped,
+                     r2=1.0 - float(resid @ resid) / total if total > 0 else 1.0,
+                     residual_sd=float(math.sqrt(float(resid @ resid) / max(len(y) - 1, 1))),
+                     mean_s=float(col("s").mean()), passes=len(rows))

@@ -5,6 +5,8 @@ R1  tau_S <= tau_F                    => the Draft Law is rejected
 R2  an arm with w_S >= 0.6 and s < 0  => the breakeven model is rejected
 R3  composition residual > 15%        => the orthogonal-composition claim is rejected
 R4  any token mismatch at temperature 0 => the lossless claim is rejected
+R5  |predicted - measured| / measured decode speedup > 15% for a speculative run
+                                      => the net-saving prediction (law + pass cost model) is rejected
 
 Per-class tau is compared at one common gamma, from the per-position acceptance alpha_c of each
 class (tau_c = sum_{i<=gamma} alpha_c^i), because rounds of different classes draft different lengths.
@@ -21,6 +23,7 @@ PASS, REJECTED, INSUFFICIENT = "pass", "rejected", "insufficient data"
 P1_RATIO = 1.5
 R2_MIN_W_S = 0.6
 R3_MAX_RESIDUAL = 0.15
+R5_MAX_ERROR = 0.15
 MIN_ROUNDS = 20
 
 
@@ -63,6 +66,32 @@ class CompositionCheck:
     @property
     def residual(self) -> float:
         return abs(self.measured - self.predicted) / abs(self.measured)
+
+
+@dataclass(frozen=True)
+class SpeedupCheck:
+    """Predicted against measured decode speedup of one speculative run. `factors`: per factor of the
+    speedup (e.g. tokens per row-pass, pass costs, time outside passes) the predicted and the
+    measured value and `error` = the factor's predicted / measured contribution to the speedup, so
+    the product of the errors is predicted / measured speedup."""
+
+    name: str
+    predicted: float
+    measured: float
+    factors: dict = field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        return abs(self.predicted - self.measured) / abs(self.measured)
+
+    @property
+    def off_term(self) -> str | None:
+        """The factor whose error is largest (in log terms), or None without factors."""
+        import math
+
+        scored = [(abs(math.log(f["error"])), k) for k, f in self.factors.items()
+                  if f.get("error") and f["error"] > 0]
+        return max(scored)[1] if scored else None
 
 
 def _class_taus(acc: Mapping[str, ClassAcceptance], gamma: int) -> dict:
@@ -150,6 +179,35 @@ def verdict_r4(compared: int, mismatched: int, first_mismatch: str | None = None
     return Verdict("R4", PASS, numbers, f"{compared} outputs identical token for token at temperature 0")
 
 
+def verdict_r5(checks: Iterable[SpeedupCheck], max_error: float = R5_MAX_ERROR) -> Verdict:
+    """The net-saving prediction against the measured decode speedup of every speculative run."""
+    checks = [c for c in checks if c.measured]
+    numbers = {"max_error": max_error,
+               "checks": [{**asdict(c), "error": c.error, "off_term": c.off_term} for c in checks]}
+    if not checks:
+        return Verdict("R5", INSUFFICIENT, numbers, "no speculative run with a predicted and a measured speedup")
+    bad = [c for c in checks if c.error > max_error]
+    worst = max(checks, key=lambda c: c.error)
+    numbers["worst"] = worst.name
+    numbers["failed"] = [c.name for c in bad]
+    if bad:
+        parts = []
+        for c in sorted(bad, key=lambda c: -c.error):
+            term = c.off_term
+            detail = ""
+            if term:
+                f = c.factors[term]
+                detail = (f", {term} off: predicted {f['predicted']:.3g} vs measured {f['measured']:.3g}"
+                          if f.get("measured") is not None else f", {term} off")
+            parts.append(f"{c.name}: predicted {c.predicted:.2f}x vs measured {c.measured:.2f}x "
+                         f"({c.error:.0%}{detail})")
+        return Verdict("R5", REJECTED, numbers,
+                       f"{len(bad)} of {len(checks)} run(s) off by more than {max_error:.0%}: " + "; ".join(parts))
+    return Verdict("R5", PASS, numbers,
+                   f"{len(checks)} run(s) within {max_error:.0%}; largest error {worst.error:.1%} ({worst.name}: "
+                   f"predicted {worst.predicted:.2f}x, measured {worst.measured:.2f}x)")
+
+
 def token_mismatches(pairs: Iterable[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, int, str | None]:
     """(compared, mismatched, description of the first mismatch) over (reference, speculative) pairs."""
     compared = mismatched = 0
@@ -167,8 +225,9 @@ def token_mismatches(pairs: Iterable[tuple[Sequence[int], Sequence[int]]]) -> tu
 
 def verdicts(records: Iterable[RoundRecord] = (), *, gamma: int = 8, arms: Iterable[ArmSaving] = (),
              compositions: Iterable[CompositionCheck] = (), compared: int = 0, mismatched: int = 0,
-             first_mismatch: str | None = None, min_rounds: int = MIN_ROUNDS) -> list[Verdict]:
-    """All five verdicts; the ones without data come back as "insufficient data"."""
+             first_mismatch: str | None = None, min_rounds: int = MIN_ROUNDS,
+             speedups: Iterable[SpeedupCheck] = ()) -> list[Verdict]:
+    """All six verdicts; the ones without data come back as "insufficient data"."""
     acc = acceptance_by_class(records)
     return [verdict_p1(acc, gamma, min_rounds), verdict_r1(acc, gamma, min_rounds), verdict_r2(arms),
-            verdict_r3(compositions), verdict_r4(compared, mismatched, first_mismatch)]
+            verdict_r3(compositions), verdict_r4(compared, mismatched, first_mismatch), verdict_r5(speedups)]

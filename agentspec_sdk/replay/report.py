@@ -418,7 +418,8 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
             if m["mode"] == "structure"]
     verdicts = law.verdicts(round_records(spec_logs), gamma=gamma, arms=arms, compositions=list(compositions),
                             compared=compared, mismatched=mismatched, first_mismatch=first, speedups=checks)
-    law_section = {}
+    law_section: dict = {}
+    breakeven: dict = {}
     if fit is not None:
         primary_run = next((r for r in runs if r["mode"] == "structure" and r["gamma"] == gamma
                             and r["batch"] == primary["batch"]), None)
@@ -428,7 +429,7 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
                        "delta": fit["delta"], "d": fit["d"], "gamma": gamma}
         pred = (primary_run or {}).get("predicted") or {}
         if pred:  # the breakeven at the primary run's measured draft length and costs
-            law_section.update({"gamma_drafted": pred["gamma"], "overhead": pred.get("overhead", 0.0),
+            breakeven.update({"delta": pred["delta"], "d": pred["d"],"gamma_drafted": pred["gamma"], "overhead": pred.get("overhead", 0.0),
                                 "draft_share": (pred.get("check") or {}).get("draft_share"),
                                 "w_s_star_exact": pred["w_s_star"], "w_s_star_exact_reason": pred["w_s_star_reason"],
                                 "w_s_star_approx": pred["w_s_star_approx"],
@@ -438,7 +439,7 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "meta": {**machine(), **meta}, "primary": dict(primary),
         "speedup": speedup, "peers": accounting.peer_table(runs), "verify_price": price,
-        "tau_by_class": tau_by_class, "law": law_section, "law_fit": fit,
+        "tau_by_class": tau_by_class, "law": law_section, "breakeven": breakeven, "law_fit": fit,
         "measured": measured, "verdicts": [v.to_dict() for v in verdicts],
         "decisions": decisions(runs, fit, primary) if fit is not None else [],
         "lossless": {"compared": compared, "mismatched": mismatched, "first_mismatch": first},
@@ -564,7 +565,7 @@ def markdown(report: Mapping) -> str:
                   f"κ = {fit['kappa']:.3f}, ρ_S/ρ_R/ρ_F = {fit['rho']['S']:.3f}/{fit['rho']['R']:.3f}/"
                   f"{fit['rho']['F']:.3f}, δ = {fit['delta']:.4f}, d = {fit['d']:.3f} ({fit['method']}; "
                   f"costs: {fit['costs']['method']})"]
-        lw = report.get("law") or {}
+        lw = report.get("breakeven") or {}
         if "w_s_star_exact" in lw:
             lines.append("")
             lines.append(f"Breakeven schema share at the primary run (γ = {lw['gamma_drafted']} drafted per round, "

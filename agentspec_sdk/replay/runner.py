@@ -91,7 +91,7 @@ def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
                    emit: Callable[[tuple], None], t0: float) -> None:
     """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
     `emit` receives ("started", seconds to a warm engine), ("status", text), ("turn", TurnLog) and
-    ("run", summary, logs, proposer steps) events in order."""
+    ("run", summary, logs, proposer steps, engine passes) events in order."""
     tools = _unique_tools(plan.arms)
     if tools and hasattr(engine, "register_tools"):
         engine.register_tools(tools)
@@ -109,8 +109,10 @@ def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
             summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
                                 wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
                                 interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
-            steps = engine.step_log(began, time.time()) if hasattr(engine, "step_log") else []
-            emit(("run", summary, run.logs, steps))
+            ended = time.time()
+            steps = engine.step_log(began, ended) if hasattr(engine, "step_log") else []
+            passes = engine.pass_log(began, ended) if hasattr(engine, "pass_log") else []
+            emit(("run", summary, run.logs, steps, passes))
             if run.interrupted:
                 raise KeyboardInterrupt
 
@@ -185,6 +187,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
     runs: list[dict] = []
     logs: dict[tuple, list[TurnLog]] = {}
     steps: dict[tuple, list[dict]] = {}
+    passes: dict[tuple, list[dict]] = {}
     starts: dict[str, float] = {}
     meta = {**plan.meta, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
             "arms": [a.name for a in plan.arms], "batches": plan.batches,
@@ -196,7 +199,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
 
     def report(partial: bool) -> dict:
         rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
-                           entropies=entropies or None)
+                           entropies=entropies or None, passes=passes)
         write_report(rep, out_dir, plots=plots)
         return rep
 
@@ -215,6 +218,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
                 key = ((summary["arm"], summary["batch"], cfg.gamma, cfg.prefix_cache), cfg.mode)
                 logs[key] = run_logs
                 steps[key] = event[3]
+                passes[key] = event[4] if len(event) > 4 else []
         return handle
 
     try:
