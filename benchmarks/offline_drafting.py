@@ -1,22 +1,30 @@
-"""Drafters compared offline on real agent turns: the structure drafter vs vLLM's ngram proposer.
+"""Drafters compared offline on real agent turns: structure vs vLLM's ngram and suffix proposers.
 
-Step 1 (`--capture`, needs the engine, ≈ 80 s): replay the bundled arm-D traces with speculation off
-(b=8) and save every turn's prompt and output token ids and its grammar. Step 2 (no engine, seconds):
-replay those turns through each drafter with greedy verification simulated against the recorded
-outputs (at temperature 0 the target writes the same tokens whatever was drafted): each step every
-active row gets a draft, trimmed to the request grammar as vLLM does before verifying (turns files
-captured without grammars are replayed untrimmed); the draft's common prefix with the real
-continuation is accepted, plus one token.
+Step 1 (`--capture`, needs the engine, ≈ 80 s on the bundled traces): replay a trace file (arm D;
+`--traces`, default the bundled BFCL multi-turn set) with speculation off (b=8) and save every
+turn's prompt and output token ids and its grammar. Step 2 (no engine, seconds): replay those turns
+through each drafter with greedy verification simulated against the recorded outputs (at
+temperature 0 the target writes the same tokens whatever was drafted): each step every active row
+gets a draft, trimmed to the request grammar as vLLM does before verifying (turns files captured
+without grammars are replayed untrimmed); the draft's common prefix with the real continuation is
+accepted, plus one token.
+
+Rows: `ngram` (vLLM's ngram proposer, n 2..5), `suffix` (arctic-inference's SuffixDecodingCache
+driven exactly as vLLM 0.32's SuffixDecodingProposer drives it, vLLM's defaults), `structure`,
+`union` (per step, the longer of the structure and suffix drafts after the grammar: what a
+proposer holding both could send), `union-bound` (per step, the one of the two that gets more
+tokens accepted: needs the future, a bound on any choice between them) and `oracle` (exactly the
+next gamma tokens the target writes: no drafter can do better at that gamma). `--ideas` adds rows
+pricing candidate drafting knowledge (see IDEAS).
 
 Reported per drafter: target passes (per row), drafted and accepted tokens, and a cost in passes,
 `passes + delta * drafted` (delta = cost of one extra verified token per row of a pass: 0.2 at 8 rows
 by the bench's step-log fit on 2 CPU cores, 3.2 ms per drafted token against 73 ms per pass + 6.6 ms
-per row), whose ratio to `off` predicts the decode speedup. The `oracle` row drafts exactly the next
-gamma tokens the target writes: no drafter can do better at that gamma, so `oracle ÷ ngram` bounds
-what any drafter can gain over ngram on these turns.
+per row), whose ratio to `off` predicts the decode speedup; `÷stock` is the best stock drafter's
+(ngram, suffix) cost divided by the row's (> 1: cheaper than what vLLM ships).
 
-    flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture turns.json
-    python benchmarks/offline_drafting.py turns.json [--gamma 8] [--delta 0.2] [--json]
+    flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture turns.json [--traces FILE]
+    python benchmarks/offline_drafting.py turns.json [--gammas 8,16] [--delta 0.2] [--ideas] [--json]
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import json
 import numpy as np
 
 
-def capture(path: str, episodes: int, segments: int, max_tokens: int) -> None:
+def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: str | None = None) -> None:
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.replay.arms import build_arm
@@ -35,7 +43,7 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int) -> None:
     from agentspec_sdk.replay.runner import _unique_tools
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
-    arm = build_arm("D", episodes, max_tokens=max_tokens, max_segments=segments)
+    arm = build_arm("D", episodes, max_tokens=max_tokens, max_segments=segments, trace_path=traces)
     tools = _unique_tools([arm])
     engine = Engine(speculation="off", formats=[REACT, TOOL_CALLS, CODE_AGENT], enforce_eager=True)
     engine.register_tools(tools)
@@ -60,7 +68,7 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int) -> None:
     finally:
         engine.close()
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"tools": tools, "grammars": grammars, "turns": turns}, fh)
+        json.dump({"traces": str(traces or "bundled"), "tools": tools, "grammars": grammars, "turns": turns}, fh)
     print(f"{len(turns)} turns, {sum(len(t['out']) for t in turns)} output tokens -> {path}")
 
 
@@ -70,6 +78,161 @@ def ngram_drafter(gamma: int, n_min: int = 2, n_max: int = 5):
     def propose(histories: list[np.ndarray]) -> list[list[int]]:
         return [list(find(h.astype(np.int32), n_min, n_max, 1 << 20, gamma)) for h in histories]
     return propose
+
+
+class SuffixDrafter:
+    """vLLM 0.32's SuffixDecodingProposer (vllm/v1/spec_decode/suffix_decoding.py) step for step, on
+    arctic-inference's SuffixDecodingCache with vLLM's defaults (tree depth 24, 10000 cached
+    requests, spec factor 1.0, min token probability 0.1): a request's prompt tree starts at its
+    first step, every step adds the tokens sampled since the last one (the prefill's token first,
+    then accepted + bonus), the pattern is the last `max_tree_depth` tokens, at most
+    min(gamma, max_model_len - tokens - 1) are speculated, and a finished request is stopped (its
+    response stays in the global tree, which holds the in-flight responses of the other rows too).
+
+    `cut` > 0 (an idea, not vLLM): drop the draft's tail from the first token whose estimated
+    probability (the tree's path frequency, non-increasing along the draft) is below `cut`."""
+
+    keyed = True  # simulate passes (key, prompt length, history, new tokens) rows and retires keys
+
+    def __init__(self, gamma: int, *, max_tree_depth: int = 24, max_cached_requests: int = 10000,
+                 max_spec_factor: float = 1.0, min_token_prob: float = 0.1, max_model_len: int = 8192,
+                 cut: float = 0.0):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+        self.gamma, self.depth, self.max_model_len = gamma, max_tree_depth, max_model_len
+        self.factor, self.min_prob, self.cut = max_spec_factor, min_token_prob, cut
+
+    def __call__(self, rows) -> list[list[int]]:
+        drafts = []
+        for key, prompt_len, history, new in rows:
+            num_tokens = len(history)
+            if num_tokens >= self.max_model_len:
+                drafts.append([])
+                continue
+            if key not in self.cache.active_requests:
+                if key in self.cache.cached_requests:
+                    self.cache.evict_cached_response(key)
+                self.cache.start_request(key, np.ascontiguousarray(history[:prompt_len], dtype=np.int32))
+            self.cache.add_active_response(key, [int(t) for t in new])
+            pattern = np.ascontiguousarray(history[max(0, num_tokens - self.depth):num_tokens], dtype=np.int32)
+            draft = self.cache.speculate(key, pattern,
+                                         max_spec_tokens=min(self.gamma, self.max_model_len - num_tokens - 1),
+                                         max_spec_factor=self.factor, min_token_prob=self.min_prob)
+            drafts.append(_cut(draft.token_ids, draft.probs, self.cut))
+        return drafts
+
+    def retire(self, key, new: list[int]) -> None:
+        """The row's last sampled tokens (vLLM adds them in the step that samples them), then stop."""
+        if new:
+            self.cache.add_active_response(key, [int(t) for t in new])
+        self.cache.stop_request(key)
+
+
+def _cut(tokens, probs, cut: float) -> list[int]:
+    if cut <= 0:
+        return list(tokens)
+    n = 0
+    while n < len(tokens) and probs[n] >= cut:
+        n += 1
+    return list(tokens[:n])
+
+
+class SuffixTrees:
+    """Variants of the suffix drafter on arctic-inference's raw SuffixTree (the same trees and
+    speculate call SuffixDecodingCache uses: a per-request tree over prompt + own response, a global
+    tree over responses, the higher-scoring draft wins, ties to the request's own tree), to price
+    where its knowledge comes from. `share`: "all" (every response, the in-flight rows of the batch
+    included: SuffixDecodingCache, same counts as SuffixDrafter), "finished" (responses enter the
+    global tree when they finish: no lookup across the rows of the same batch), "none" (no global
+    tree: the request's own prompt and response only). `key(prompt) -> hashable`: one global tree
+    per key (e.g. the system prompt, i.e. the tool set), so values recur only among requests with
+    the same tools; the proposer sees prompts, so such keys need no request ids."""
+
+    keyed = True
+
+    def __init__(self, gamma: int, *, share: str = "all", key=None, max_tree_depth: int = 24,
+                 max_spec_factor: float = 1.0, min_token_prob: float = 0.1, cut: float = 0.0):
+        from arctic_inference.suffix_decoding._C import SuffixTree
+
+        if share not in ("all", "finished", "none"):
+            raise ValueError(f"share must be all, finished or none, got {share!r}")
+        self._tree = SuffixTree
+        self.gamma, self.depth, self.share, self.key = gamma, max_tree_depth, share, key
+        self.factor, self.min_prob, self.cut = max_spec_factor, min_token_prob, cut
+        self.local: dict = {}  # row key -> (tree over prompt + response, global tree key, seq id, response)
+        self.globals: dict = {}
+        self.next_seq = 0
+
+    def _global(self, gkey):
+        if gkey not in self.globals:
+            self.globals[gkey] = self._tree(self.depth)
+        return self.globals[gkey]
+
+    def __call__(self, rows) -> list[list[int]]:
+        drafts = []
+        for key, prompt_len, history, new in rows:
+            if key not in self.local:
+                tree = self._tree(self.depth)
+                tree.extend(0, [int(t) for t in history[:prompt_len]])
+                gkey = self.key(history[:prompt_len]) if self.key else None
+                self.local[key] = (tree, gkey, self.next_seq, [])
+                self.next_seq += 1
+            tree, gkey, seq, response = self.local[key]
+            new = [int(t) for t in new]
+            tree.extend(0, new)
+            response.extend(new)
+            if self.share == "all":
+                self._global(gkey).extend(seq, new)
+            pattern = [int(t) for t in history[max(0, len(history) - self.depth):]]
+            args = (pattern, self.gamma, self.factor, 0.0, self.min_prob, False)
+            best = tree.speculate(*args)
+            if self.share != "none" and gkey in self.globals:
+                other = self.globals[gkey].speculate(*args)
+                if other.score > best.score:
+                    best = other
+            drafts.append(_cut(best.token_ids, best.probs, self.cut))
+        return drafts
+
+    def retire(self, key, new: list[int]) -> None:
+        tree, gkey, seq, response = self.local.pop(key)
+        new = [int(t) for t in new]
+        if self.share == "all":
+            self._global(gkey).extend(seq, new)
+        elif self.share == "finished":
+            self._global(gkey).extend(seq, response + new)
+
+
+def system_prompt_key(tokenizer_name: str | None = None):
+    """Key = the prompt up to its first user message (system prompt + tool list)."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    start = AutoTokenizer.from_pretrained(resolve_model(tokenizer_name)).convert_tokens_to_ids("<|im_start|>")
+
+    def key(prompt) -> tuple:
+        ids = [int(t) for t in prompt]
+        opens = [j for j, t in enumerate(ids) if t == start]
+        return tuple(ids[:opens[1]] if len(opens) > 1 else ids)
+    return key
+
+
+def longer(drafts: list[list[int]], truth: list[int]) -> int:
+    """Per step the longest draft (ties: the first drafter's): what a proposer holding both can do."""
+    return max(range(len(drafts)), key=lambda j: (len(drafts[j]), -j))
+
+
+def better(drafts: list[list[int]], truth: list[int]) -> int:
+    """Per step the draft that gets most tokens accepted (ties: the shorter): needs the future."""
+    return max(range(len(drafts)), key=lambda j: (_agree(drafts[j], truth), -len(drafts[j]), -j))
+
+
+def _agree(draft: list[int], truth: list[int]) -> int:
+    a = 0
+    while a < len(draft) and a < len(truth) and int(draft[a]) == truth[a]:
+        a += 1
+    return a
 
 
 class GrammarTrim:
@@ -120,73 +283,141 @@ def structure_drafter(gamma: int, tools: list[dict]):
     return lambda histories: drafter.propose([RowInput(h) for h in histories])
 
 
-def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None) -> dict:
-    """`propose=None`: the oracle, which drafts the next `gamma` tokens the target will write (the
-    bound no drafter can beat at this gamma). `trim(turn, pos, draft)`: what is left of a draft
-    after the request grammar (GrammarTrim), as vLLM verifies it."""
+def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None) -> dict:
+    """`propose`: a drafter `f(histories) -> drafts`; a keyed one (`keyed = True`, as vLLM's suffix
+    proposer): called with rows (key, prompt length, history, tokens sampled since its last call)
+    and told `retire(key, last tokens)` when a row finishes; a tuple of drafters, each called every
+    step, whose grammar-trimmed drafts `choose(drafts, truth) -> index` picks from per row and step
+    (`picks` counts the choices); or None: the oracle, which drafts the next `gamma` tokens the
+    target will write (the bound no drafter can beat at this gamma). `trim(turn, pos, draft)`: what
+    is left of a draft after the request grammar (GrammarTrim), as vLLM verifies it."""
     passes = drafted = accepted = 0
+    drafters = propose if isinstance(propose, tuple) else (propose,)
+    picks = [0] * len(drafters)
     for g in range(0, len(turns), batch):
         group = turns[g:g + batch]
         pos = [1] * len(group)  # the first output token comes from the prefill pass
+        told = [0] * len(group)  # output tokens keyed drafters have been given
         while True:
             active = [i for i, t in enumerate(group) if pos[i] < len(t["out"])]
             if not active:
                 break
             histories = [np.asarray(group[i]["prompt"] + group[i]["out"][:pos[i]]) for i in active]
-            drafts = propose(histories) if propose else [group[i]["out"][pos[i]:pos[i] + gamma] for i in active]
-            for i, draft in zip(active, drafts, strict=True):
-                if trim is not None:
-                    draft = trim(group[i], pos[i], [int(t) for t in draft])
+            if propose is None:
+                options = [[group[i]["out"][pos[i]:pos[i] + gamma]] for i in active]
+            else:
+                per = []
+                for d in drafters:
+                    if getattr(d, "keyed", False):
+                        per.append(d([(g + i, len(group[i]["prompt"]), h, group[i]["out"][told[i]:pos[i]])
+                                      for i, h in zip(active, histories, strict=True)]))
+                    else:
+                        per.append(d(histories))
+                for i in active:
+                    told[i] = pos[i]
+                options = [list(o) for o in zip(*per, strict=True)]
+            for i, drafts in zip(active, options, strict=True):
                 truth = group[i]["out"][pos[i]:]
-                a = 0
-                while a < len(draft) and a < len(truth) and int(draft[a]) == truth[a]:
-                    a += 1
+                drafts = [[int(t) for t in dr] for dr in drafts]
+                if trim is not None and propose is not None:
+                    drafts = [trim(group[i], pos[i], dr) for dr in drafts]
+                pick = choose(drafts, truth) if len(drafts) > 1 else 0
+                picks[pick] += 1
+                draft = drafts[pick]
+                a = _agree(draft, truth)
                 pos[i] = min(len(group[i]["out"]), pos[i] + a + 1)
                 drafted += len(draft)
                 accepted += a
                 passes += 1
-    return {"passes": passes, "drafted": drafted, "accepted": accepted}
+                if pos[i] >= len(group[i]["out"]):
+                    for d in drafters:
+                        if getattr(d, "keyed", False):
+                            d.retire(g + i, group[i]["out"][told[i]:])
+    row = {"passes": passes, "drafted": drafted, "accepted": accepted}
+    if len(drafters) > 1:
+        row["picks"] = picks
+    return row
+
+
+IDEAS = {
+    # where suffix decoding's knowledge comes from
+    "suffix-own": "suffix without a global tree: the request's own prompt (tool docs, observations) and response",
+    "suffix-finished": "suffix whose global tree holds finished responses only: no lookup across the batch's rows",
+    "suffix-by-tools": "suffix with one global tree per system prompt (tool set): values recur among same-tool requests",
+    # confidence-sized drafts: a token is worth sending when P(accepted) > delta (its verify cost in passes)
+    "suffix-conf": "suffix drafts cut where the tree's probability estimate falls below delta",
+    "union-conf": "per step the longer of structure / confidence-cut suffix",
+}
+
+
+def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int, delta: float,
+            ideas: bool) -> dict:
+    def trim():  # one GrammarTrim per replay: its matchers advance with the turns
+        return GrammarTrim(grammars)
+
+    structure = lambda: structure_drafter(gamma, tools)  # noqa: E731
+    tokens = sum(len(t["out"]) - 1 for t in turns)
+    rows = {"off": {"passes": tokens, "drafted": 0, "accepted": 0}}
+    rows["ngram"] = simulate(turns, ngram_drafter(gamma), batch, trim=trim())
+    rows["suffix"] = simulate(turns, SuffixDrafter(gamma), batch, trim=trim())
+    rows["structure"] = simulate(turns, structure(), batch, trim=trim())
+    rows["union"] = simulate(turns, (structure(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
+    rows["union-bound"] = simulate(turns, (structure(), SuffixDrafter(gamma)), batch, trim=trim(), choose=better)
+    if ideas:
+        rows["suffix-own"] = simulate(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
+        rows["suffix-finished"] = simulate(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
+        rows["suffix-by-tools"] = simulate(turns, SuffixTrees(gamma, key=system_prompt_key()), batch, trim=trim())
+        rows["suffix-conf"] = simulate(turns, SuffixDrafter(gamma, cut=delta), batch, trim=trim())
+        rows["union-conf"] = simulate(turns, (structure(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
+                                      choose=longer)
+    rows["oracle"] = simulate(turns, None, batch, gamma)
+    for row in rows.values():
+        row["cost"] = row["passes"] + delta * row["drafted"]
+        row["predicted_speedup"] = rows["off"]["passes"] / row["cost"]
+    stock = min(rows["ngram"]["cost"], rows["suffix"]["cost"])
+    for row in rows.values():
+        row["vs_best_stock"] = stock / row["cost"]
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("turns", help="turns file (written by --capture)")
     ap.add_argument("--capture", action="store_true", help="run the off engine and write the turns file")
+    ap.add_argument("--traces", help="trace file to capture (default: the bundled BFCL multi-turn traces)")
     ap.add_argument("--episodes", type=int, default=12)
     ap.add_argument("--segments", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--gammas", default="8", help="comma list of draft length caps")
+    ap.add_argument("--gamma", type=int, help="one gamma (same as --gammas N)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--delta", type=float, default=0.2)
+    ap.add_argument("--ideas", action="store_true", help="add the rows of IDEAS")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.capture:
-        capture(args.turns, args.episodes, args.segments, args.max_tokens)
+        capture(args.turns, args.episodes, args.segments, args.max_tokens, args.traces)
         return
     with open(args.turns, encoding="utf-8") as fh:
         data = json.load(fh)
     turns = data["turns"]
     tokens = sum(len(t["out"]) - 1 for t in turns)
-    rows = {"off": {"passes": tokens, "drafted": 0, "accepted": 0}}
-    grammars = data.get("grammars", [])  # one GrammarTrim per replay: its matchers advance with the turns
-    rows["ngram"] = simulate(turns, ngram_drafter(args.gamma), args.batch, trim=GrammarTrim(grammars))
-    rows["structure"] = simulate(turns, structure_drafter(args.gamma, data["tools"]), args.batch,
-                                 trim=GrammarTrim(grammars))
-    rows["oracle"] = simulate(turns, None, args.batch, args.gamma)
-    for row in rows.values():
-        row["cost"] = row["passes"] + args.delta * row["drafted"]
-        row["predicted_speedup"] = rows["off"]["passes"] / row["cost"]
+    gammas = [args.gamma] if args.gamma else [int(g) for g in args.gammas.split(",") if g.strip()]
+    result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta, args.ideas)
+              for g in gammas}
     if args.json:
-        print(json.dumps({"turns": len(turns), "tokens": tokens, "gamma": args.gamma, "delta": args.delta,
-                          "rows": rows}, indent=1))
+        print(json.dumps({"turns_file": args.turns, "traces": data.get("traces", "bundled"), "turns": len(turns),
+                          "tokens": tokens, "batch": args.batch, "delta": args.delta,
+                          "gammas": {str(g): rows for g, rows in result.items()}}, indent=1))
         return
-    print(f"{len(turns)} turns, {tokens} output tokens after the first, γ={args.gamma}, delta={args.delta}")
-    print(f"{'drafter':<10} {'passes':>7} {'drafted':>8} {'accepted':>9} {'cost':>7} {'× off':>6}")
-    for name, r in rows.items():
-        print(f"{name:<10} {r['passes']:>7} {r['drafted']:>8} {r['accepted']:>9} {r['cost']:>7.0f} "
-              f"{r['predicted_speedup']:>6.2f}")
-    print(f"structure ÷ ngram (cost): {rows['ngram']['cost'] / rows['structure']['cost']:.2f}; "
-          f"oracle ÷ ngram: {rows['ngram']['cost'] / rows['oracle']['cost']:.2f}")
+    for g, rows in result.items():
+        print(f"{data.get('traces', 'bundled')}: {len(turns)} turns, {tokens} output tokens after the first, "
+              f"b={args.batch}, γ={g}, delta={args.delta}")
+        print(f"{'drafter':<16} {'passes':>7} {'drafted':>8} {'accepted':>9} {'cost':>7} {'× off':>6} {'÷stock':>7}")
+        for name, r in rows.items():
+            print(f"{name:<16} {r['passes']:>7} {r['drafted']:>8} {r['accepted']:>9} {r['cost']:>7.0f} "
+                  f"{r['predicted_speedup']:>6.2f} {r['vs_best_stock']:>7.2f}")
+        print()
 
 
 if __name__ == "__main__":

@@ -68,3 +68,52 @@ def test_grammar_trim_keeps_the_prefix_the_turn_grammar_allows(offline):
     kept = trim(turn, at, bad)
     assert kept == bad[: len(kept)] and tok.decode(kept) == " hello"
     assert offline.GrammarTrim([])({"prompt": [1], "out": out}, 0, bad) == bad  # no grammar captured
+
+
+def test_suffix_row_on_a_copied_prompt(offline):
+    """The output copies the prompt: vLLM's suffix proposer drafts at most match-length tokens (spec
+    factor 1), so drafts grow 1, 3, 7, then gamma; the request's own tree is prompt + response."""
+    prompt = list(range(100, 140))
+    turn = {"prompt": prompt, "out": list(prompt)}
+    row = offline.simulate([turn], offline.SuffixDrafter(8), batch=1)
+    # steps at positions 1, 3, 7, 15, 24, 33; the last draft runs past the prompt's end into 100
+    assert row == {"passes": 6, "drafted": 1 + 3 + 7 + 8 + 8 + 8, "accepted": 1 + 3 + 7 + 8 + 8 + 7}
+    same = offline.simulate([dict(turn)], offline.SuffixTrees(8), batch=1)
+    assert same == row
+
+
+def test_suffix_global_tree_carries_responses_across_requests(offline):
+    rng = np.random.default_rng(1)
+    out = rng.integers(1000, 2000, 40).tolist()
+    turns = [{"prompt": [1, 2, 3], "out": out}, {"prompt": [4, 5, 6], "out": list(out)}]
+    full = offline.simulate(turns, offline.SuffixDrafter(8), batch=1)
+    assert offline.simulate(turns, offline.SuffixTrees(8), batch=1) == full
+    assert offline.simulate(turns, offline.SuffixTrees(8, share="finished"), batch=1) == full  # one row at a time
+    own = offline.simulate(turns, offline.SuffixTrees(8, share="none"), batch=1)
+    # random tokens never recur inside one request: only the second request, from the global tree, drafts
+    assert own == {"passes": 2 * 39, "drafted": 0, "accepted": 0}
+    assert full["passes"] < 39 + 39 // 2 and full["accepted"] > 25
+    keyed = offline.simulate(turns, offline.SuffixTrees(8, key=lambda prompt: int(prompt[0])), batch=1)
+    assert keyed == own  # different prompts, different trees: nothing shared
+
+
+def test_suffix_confidence_cut_drops_the_unlikely_tail(offline):
+    assert offline._cut([5, 6, 7, 8], [0.9, 0.6, 0.3, 0.1], 0.5) == [5, 6]
+    assert offline._cut([5, 6], [0.9, 0.6], 0.0) == [5, 6]
+
+
+def test_union_longer_and_bound(offline):
+    turn = {"prompt": [1], "out": list(range(10, 30))}
+
+    def right(histories):  # two correct tokens
+        return [turn["out"][len(h) - 1:len(h) + 1] for h in histories]
+
+    def wrong(histories):  # four wrong tokens
+        return [[0, 0, 0, 0] for _ in histories]
+
+    longer = offline.simulate([turn], (right, wrong), batch=1, choose=offline.longer)
+    assert longer == {"passes": 19, "drafted": 4 * 19, "accepted": 0, "picks": [0, 19]}
+    bound = offline.simulate([dict(turn)], (wrong, right), batch=1, choose=offline.better)
+    # 19 tokens after the first: passes accept 2 + 1 each; the last pass has one token left to write
+    assert bound["picks"] == [0, 7] and bound["passes"] == 7 and bound["accepted"] == 6 * 2 + 1
+    assert offline.better([[1, 2], [1, 2, 9]], [1, 2, 3]) == 0  # same accepted: the shorter draft
