@@ -105,15 +105,23 @@ def class_docs(class_name: str) -> list[dict]:
     return read_jsonl(f"multi_turn_func_doc/{CLASS_DOCS[class_name]}")
 
 
-def entry_tools(entry: dict) -> list[dict]:
-    """OpenAI tool dicts for the classes an entry involves, minus its excluded functions."""
+def is_long_context(category: str) -> bool:
+    """BFCL's own rule (bfcl_eval base_handler): long_context and composite categories load their
+    classes with `long_context=True` (large file trees, long watch lists, many bookings), and here
+    their tools keep BFCL's full documentation: prompts of 2-6k tokens."""
+    return "long_context" in category or "composite" in category
+
+
+def entry_tools(entry: dict, *, slim: bool = True) -> list[dict]:
+    """OpenAI tool dicts for the classes an entry involves, minus its excluded functions
+    (`slim`: see openai_tool)."""
     excluded = {f.split(".")[-1] for f in entry.get("excluded_function", [])}
     tools, seen = [], set()
     for cls in entry["involved_classes"]:
         for doc in class_docs(cls):
             if doc["name"] not in excluded and doc["name"] not in seen:
                 seen.add(doc["name"])
-                tools.append(openai_tool(doc))
+                tools.append(openai_tool(doc, slim=slim))
     return tools
 
 
@@ -150,9 +158,10 @@ class ToolRun:
 
 
 class BfclEnvironment:
-    """The executable BFCL classes of one entry, loaded with its initial_config."""
+    """The executable BFCL classes of one entry, loaded with its initial_config (`long_context`: as
+    BFCL loads them for its long_context categories)."""
 
-    def __init__(self, initial_config: dict, involved_classes: list[str]):
+    def __init__(self, initial_config: dict, involved_classes: list[str], long_context: bool = False):
         self.methods: dict[str, Any] = {}
         for name in involved_classes:
             if name not in CLASS_MODULES:
@@ -160,7 +169,7 @@ class BfclEnvironment:
             module = importlib.import_module(f"{_BACKEND}.{CLASS_MODULES[name]}")
             instance = getattr(module, name)()
             if name not in STATELESS:
-                instance._load_scenario(copy.deepcopy(initial_config.get(name, {})), long_context=False)
+                instance._load_scenario(copy.deepcopy(initial_config.get(name, {})), long_context=long_context)
             for method_name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
                 if not method_name.startswith("_"):
                     self.methods.setdefault(method_name, method)

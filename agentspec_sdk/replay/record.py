@@ -40,7 +40,8 @@ def pick_entries(entries: list[dict], n: int, max_tools: int = 24) -> list[dict]
 
 def bfcl_episode_stub(entry: dict, category: str, max_segments: int) -> Episode:
     """The episode as the data gives it (user turns only), ready to be run."""
-    tools = bfcl.entry_tools(entry)
+    long_context = bfcl.is_long_context(category)
+    tools = bfcl.entry_tools(entry, slim=not long_context)
     users = []
     for messages in entry["question"][:max_segments]:
         text = "\n".join(m["content"] for m in messages if m.get("role") == "user")
@@ -51,6 +52,8 @@ def bfcl_episode_stub(entry: dict, category: str, max_segments: int) -> Episode:
     source = {"name": "bfcl-multi-turn", "dataset": f"BFCL_v4_multi_turn_{category}", "entry_id": entry["id"],
               "license": bfcl.LICENSE, "url": bfcl.DATASET_URL, "initial_config": entry.get("initial_config", {}),
               "involved_classes": entry["involved_classes"]}
+    if long_context:
+        source.update(long_context=True, tool_docs="full BFCL documentation")
     return Episode(id=f"bfcl/{entry['id']}", source=source, system=bfcl.system_prompt(tools), tools=tools,
                    format=FORMAT, turns=users)
 
@@ -59,7 +62,8 @@ def environment_for(episode: Episode) -> bfcl.BfclEnvironment | None:
     src = episode.source
     if src.get("name") != "bfcl-multi-turn" or "involved_classes" not in src:
         return None
-    return bfcl.BfclEnvironment(src.get("initial_config", {}), src["involved_classes"])
+    return bfcl.BfclEnvironment(src.get("initial_config", {}), src["involved_classes"],
+                                long_context=bool(src.get("long_context", False)))
 
 
 def record(engine: Any, *, source: str = "bfcl-multi-turn", n: int = 12, category: str = "base",
