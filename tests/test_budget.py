@@ -110,3 +110,14 @@ def test_batch_price_is_the_single_row_price_at_one_row_and_grows_with_the_batch
     prices = [batch_price(0.05, b) for b in range(1, 65)]
     assert all(a < b for a, b in zip(prices, prices[1:], strict=False)) and prices[-1] < 1.0
     assert batch_price(0.0, 8) == 0.0 and batch_price(1.5, 8) == 1.0
+
+
+def test_batch_price_with_the_pass_cost_terms():
+    # a = 73 ms per pass, b = 6.6 ms per row, c = 3.2 ms per verified token (a CPU step-log fit)
+    a, b, c = 0.073, 0.0066, 0.0032
+    one = c / (a + b)
+    assert batch_price(one, 1, (a, b, c)) == pytest.approx(one)
+    assert batch_price(one, 8, (a, b, c)) == pytest.approx(c * 8 / (a + b * 8))  # 0.20, not the r-form's 0.25
+    assert batch_price(one, 8) == pytest.approx(0.25, abs=0.01)
+    assert batch_price(one + 0.01, 8, (a, b, c)) == pytest.approx(c * 8 / (a + b * 8) + 0.01)  # + the drafter's d
+    assert batch_price(0.05, 8, (0.0, 0.0, 0.01)) == batch_price(0.05, 8)  # unusable terms: the r-form

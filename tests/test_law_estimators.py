@@ -208,9 +208,11 @@ def test_online_step_cost_learns_delta_from_step_times():
     assert cost.delta() == 0.02  # too few steps: still the prior
     _step_times(cost, 0.04, 0.002, 0.003, 600, seed=1)
     assert cost.learned and cost.delta() == pytest.approx(0.003 / 0.042, rel=0.1)
+    a, b, c = cost.terms()  # the terms the budget prices a batch's draft tokens with
+    assert (a, b, c) == pytest.approx((0.04, 0.002, 0.003), rel=0.15)
     # one batch size: the pass is taken as proportional to its rows
     one = _step_times(OnlineStepCost(0.02), 0.0, 0.01, 0.003, 400, rows=(8,))
-    assert one.delta() == pytest.approx(0.003 / 0.01, rel=0.1)
+    assert one.delta() == pytest.approx(0.003 / 0.01, rel=0.1) and one.terms() is None
     # drafts of one size only: c cannot be fitted, the prior stays
     flat = OnlineStepCost(0.05)
     for i in range(200):

@@ -1,4 +1,4 @@
-"""Verdicts P1 and R1-R4 on synthetic measurements built to pass, to be rejected, and to be thin."""
+"""Verdicts P1 and R1-R5 on synthetic measurements built to pass, to be rejected, and to be thin."""
 
 import json
 
@@ -11,6 +11,7 @@ from agentspec_sdk.law import (
     CompositionCheck,
     LawParams,
     RoundRecord,
+    SpeedupCheck,
     acceptance_by_class,
     composition_cost,
     cost_ratio,
@@ -21,6 +22,7 @@ from agentspec_sdk.law import (
     verdict_r2,
     verdict_r3,
     verdict_r4,
+    verdict_r5,
     verdicts,
 )
 
@@ -97,9 +99,45 @@ def test_r4_lossless():
     assert verdict_r4(0, 0).status == "insufficient data"
 
 
-def test_verdicts_returns_all_five_in_order():
+def speedup_check(name, tau_pred, tau_meas, spec_pred, spec_meas, off_pred, off_meas, outside=1.0):
+    """A run whose speedup is (1 + tau) * off pass / spec pass * outside, predicted and measured."""
+    factors = {"tokens per row-pass (tau)": {"predicted": 1 + tau_pred, "measured": 1 + tau_meas},
+               "speculative pass (s)": {"predicted": spec_pred, "measured": spec_meas},
+               "off pass (s)": {"predicted": off_pred, "measured": off_meas},
+               "time outside passes": {"predicted": 1.0, "measured": outside}}
+    for k, f in factors.items():  # predicted / measured contribution to the speedup
+        f["error"] = (f["measured"] / f["predicted"] if k == "speculative pass (s)" else f["predicted"] / f["measured"])
+    predicted = (1 + tau_pred) * off_pred / spec_pred
+    measured = (1 + tau_meas) * off_meas / spec_meas * outside
+    return SpeedupCheck(name, predicted, measured, factors)
+
+
+def test_r5_passes_when_prediction_matches_and_names_the_term_that_is_off():
+    good = speedup_check("D/structure", 2.0, 2.05, 0.120, 0.118, 0.100, 0.101)
+    assert good.error < 0.05
+    v = verdict_r5([good])
+    assert v.status == "pass" and "within 15%" in v.text and v.numbers["worst"] == "D/structure"
+    # the speculative pass costs 40% more than the model says: predicted 2.5x, measured 1.8x
+    slow = speedup_check("D/ngram", 2.0, 2.0, 0.120, 0.168, 0.100, 0.100)
+    assert slow.error > 0.15 and slow.off_term == "speculative pass (s)"
+    v = verdict_r5([good, slow])
+    assert v.rejected and v.numbers["failed"] == ["D/ngram"]
+    assert "D/ngram" in v.text and "speculative pass (s) off: predicted 0.12 vs measured 0.168" in v.text
+    # tau over-predicted: the acceptance factor is named
+    tau_off = speedup_check("A/structure", 3.0, 1.5, 0.120, 0.120, 0.100, 0.100)
+    assert verdict_r5([tau_off]).rejected and tau_off.off_term == "tokens per row-pass (tau)"
+    # time outside the passes (scheduler gaps) is a factor of its own
+    gaps = speedup_check("B/structure", 2.0, 2.0, 0.120, 0.120, 0.100, 0.100, outside=0.7)
+    assert verdict_r5([gaps]).rejected and gaps.off_term == "time outside passes"
+    # exactly at the threshold passes, just past it is rejected
+    assert verdict_r5([SpeedupCheck("x", 1.15, 1.0)]).status == "pass"
+    assert verdict_r5([SpeedupCheck("x", 1.151, 1.0)]).rejected
+    assert verdict_r5([]).status == "insufficient data"
+
+
+def test_verdicts_returns_all_six_in_order():
     recs = rounds(np.random.default_rng(5), {"S": 0.95, "R": 0.7, "F": 0.4}, 100)
     out = verdicts(recs, gamma=8, arms=[ArmSaving("B", 0.8, 0.3)], compared=4, mismatched=0)
-    assert [v.name for v in out] == ["P1", "R1", "R2", "R3", "R4"]
-    assert [v.status for v in out] == ["pass", "pass", "pass", "insufficient data", "pass"]
+    assert [v.name for v in out] == ["P1", "R1", "R2", "R3", "R4", "R5"]
+    assert [v.status for v in out] == ["pass", "pass", "pass", "insufficient data", "pass", "insufficient data"]
     assert all(v.text for v in out)

@@ -16,14 +16,25 @@ from agentspec_sdk.errors import LawInputError
 from agentspec_sdk.law.closed_forms import saving, tau
 
 
-def batch_price(price: float, rows: int) -> float:
+def batch_price(price: float, rows: int, terms: tuple[float, float, float] | None = None) -> float:
     """The price of one draft token in a step of `rows` sequences, from `price` = delta + d measured
     for one sequence (the law's units: a fraction of one target pass).
+
+    With `terms` = (a, b, c), the pass cost model's seconds per pass, per row and per verified draft
+    token (`law.PassCosts` offline, `law.OnlineStepCost.terms()` while drafting), the verify part is
+    priced with them: c n / (a + b n) per row of an n-row pass, plus the drafter's part of `price`
+    (price - c / (a + b)).
 
     When a pass is dominated by per-token work (a CPU, a large batch), one pass over b rows costs about
     c0 (1 + r b) with r = price / (1 - price), and an extra verified token c0 r; measured per row, as
     throughput counts it, the extra token costs r b / (1 + r b) of that row's share of the pass. With
     one row this is `price`; it grows with the batch (here: 0.02 at b=1 is 0.14 at b=8, as measured)."""
+    if terms is not None:
+        a, b, c = (float(x) for x in terms)
+        n = max(int(rows), 1)
+        if a + b > 0 and a + b * n > 0 and c >= 0:
+            drafter = max(price - c / (a + b), 0.0)
+            return min(c * n / (a + b * n) + drafter, 1.0)
     if not 0.0 <= price < 1.0:
         return min(max(price, 0.0), 1.0)
     r = price / (1.0 - price)

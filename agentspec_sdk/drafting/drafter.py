@@ -510,7 +510,8 @@ class StructureDrafter:
                     if src not in cache:
                         cache[src] = acc.alpha(c.law_class, src)
                     alphas[i, j] = cache[src]
-        price = batch_price(self.price, len(candidates))  # per row of this step
+        terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
+        price = batch_price(self.price, len(candidates), terms)  # per row of this step
         if self.plan.budget:
             sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:

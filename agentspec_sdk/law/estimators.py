@@ -406,7 +406,7 @@ class OnlineStepCost:
     in the drafted counts, `delta()` is the prior. O(1) per step; a 3×3 solve every `solve_every`."""
 
     __slots__ = ("prior", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx", "_xty", "_n",
-                 "_last", "_typical", "_estimate", "_since_solve", "_rows_seen", "_drafted_seen")
+                 "_last", "_typical", "_estimate", "_since_solve", "_rows_seen", "_drafted_seen", "_terms")
 
     def __init__(self, prior_delta: float, *, decay: float = 0.995, min_steps: int = 64,
                  max_gap_factor: float = 4.0, solve_every: int = 16):
@@ -426,6 +426,7 @@ class OnlineStepCost:
         self._since_solve = 0
         self._rows_seen: set[int] = set()
         self._drafted_seen: set[int] = set()
+        self._terms: tuple[float, float, float] | None = None
 
     def observe(self, at: float, rows: int, drafted: int) -> None:
         """A step that began at `at` (seconds, any clock) with `rows` rows and `drafted` draft tokens."""
@@ -459,6 +460,8 @@ class OnlineStepCost:
                 return
             a, b, c = np.linalg.solve(self._xtx, self._xty)
             one_row = a + b
+            if one_row > 0 and a + b * 8 > 0 and c >= 0:
+                self._terms = (float(a), float(b), float(c))
         else:  # one batch size: y = A + c k, one row's share of the pass is A / rows
             idx = [0, 2]
             xtx = self._xtx[np.ix_(idx, idx)]
@@ -471,6 +474,11 @@ class OnlineStepCost:
 
     def delta(self) -> float:
         return self.prior if self._estimate is None else self._estimate
+
+    def terms(self) -> tuple[float, float, float] | None:
+        """(a, b, c): seconds per pass, per row and per drafted token, once learned with rows that
+        vary (the budget prices a draft token per row of an n-row pass as c n / (a + b n)); else None."""
+        return self._terms
 
     @property
     def learned(self) -> bool:

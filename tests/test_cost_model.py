@@ -1,0 +1,90 @@
+"""The pass cost model: term-by-term recovery from synthetic pass logs (other requests' prefill
+included), the law's delta and d from its terms, and the platform cost benchmark on tiny shapes."""
+
+import numpy as np
+import pytest
+
+from agentspec_sdk import law
+from agentspec_sdk.errors import LawInputError
+
+TRUE = {"base": 0.040, "row": 0.006, "verified": 0.0025, "verified_ctx": 0.0009, "schema": 0.0004,
+        "prefill": 0.00012, "ctx": 0.0015}
+PROPOSER = {"base": 0.0008, "row": 0.00015, "drafted": 0.00003, "ctx": 0.00005}
+
+
+def synthetic_passes(n=800, seed=0, noise=0.0008, prefill_share=0.2):
+    """Passes of a b <= 8 batch: rows arrive at different times (a new request's uncached prompt is
+    prefilled in the pass that also verifies the others' drafts), contexts of 200-3000 tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        rows = int(rng.integers(1, 9))
+        ctx_rows = rng.integers(200, 3000, size=rows)
+        k_rows = rng.integers(0, 9, size=rows)
+        schema_rows = rng.random(rows) < 0.6
+        prefill = int(rng.integers(50, 2500)) if rng.random() < prefill_share else 0
+        drafted = int(k_rows.sum())
+        p = {"rows": rows, "ctx": int(ctx_rows.sum()), "drafted": drafted,
+             "drafted_ctx": int((k_rows * ctx_rows).sum()), "drafted_s": int(k_rows[schema_rows].sum()),
+             "prefill": prefill, "made": drafted}
+        prop = (PROPOSER["base"] + PROPOSER["row"] * rows + PROPOSER["drafted"] * drafted
+                + PROPOSER["ctx"] * p["ctx"] / 1000)
+        target = (TRUE["base"] + TRUE["row"] * rows + TRUE["verified"] * drafted
+                  + TRUE["verified_ctx"] * p["drafted_ctx"] / 1000 + TRUE["schema"] * p["drafted_s"]
+                  + TRUE["prefill"] * prefill + TRUE["ctx"] * p["ctx"] / 1000)
+        p["proposer_s"] = prop
+        p["s"] = target + prop + float(rng.normal(0, noise))
+        out.append(p)
+    return out
+
+
+def test_fit_recovers_every_term_including_other_rows_prefill():
+    fit = law.fit_pass_costs(synthetic_passes())
+    for term, value in TRUE.items():
+        assert abs(fit.coef[term] - value) < max(4 * fit.se[term], 0.03 * value), term
+    assert fit.coef["prefill"] == pytest.approx(TRUE["prefill"], rel=0.03)
+    for term, value in PROPOSER.items():
+        assert fit.proposer[term] == pytest.approx(value, rel=1e-6, abs=1e-9), term
+    assert fit.r2 > 0.99 and fit.residual_sd == pytest.approx(0.0008, rel=0.1)
+    assert not fit.dropped
+    # the prediction of a pass is the sum of its terms
+    p = synthetic_passes(n=1, seed=9, noise=0.0)[0]
+    keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx")
+    assert fit.seconds(**{k: p[k] for k in keys}) == pytest.approx(p["s"], rel=0.01)
+
+
+def test_without_prefill_the_other_terms_absorb_it_and_the_fit_says_so():
+    clean = [dict(p, prefill=0) for p in synthetic_passes(prefill_share=0.0)]
+    fit = law.fit_pass_costs(clean)
+    assert fit.dropped == {"prefill": "no spread in the data"} and fit.coef["prefill"] == 0.0
+    # a prefill the log cannot see (logged as 0) inflates the residual, not the drafted-token terms' truth
+    hidden = [dict(p, prefill=0) for p in synthetic_passes(prefill_share=0.3)]
+    assert law.fit_pass_costs(hidden).residual_sd > 5 * fit.residual_sd
+
+
+def test_law_terms_from_the_fit():
+    fit = law.fit_pass_costs(synthetic_passes())
+    n, ctx_row = 6.0, 1500.0
+    t_off = fit.seconds(rows=n, ctx=n * ctx_row, proposer=False)
+    per_token = fit.token_cost(ctx_row, schema_share=0.5)
+    expected = TRUE["verified"] + TRUE["verified_ctx"] * 1.5 + TRUE["schema"] * 0.5 + PROPOSER["drafted"]
+    assert per_token == pytest.approx(expected, rel=0.05)
+    # one more drafted token in each of n rows, relative to the pass without drafts: delta + d
+    t_spec = fit.seconds(rows=n, ctx=n * ctx_row, drafted=n, drafted_ctx=n * ctx_row, drafted_s=n / 2)
+    fixed = fit.seconds(rows=n, ctx=n * ctx_row) - t_off  # the proposer's own time without drafts
+    assert (t_spec - t_off - fixed) / t_off == pytest.approx(n * per_token / t_off, rel=1e-6)
+    # the saving from pass costs reduces to the law's round formula when every row drafts
+    gamma, tau, delta, d = 8, 4.0, 0.05, 0.02
+    assert float(law.pass_cost_ratio(tau, 1.0, 1.0 + gamma * (delta + d), 1.0)) == pytest.approx(
+        float(law.cost_ratio(gamma, tau, delta, d)))
+    with pytest.raises(LawInputError, match="draft share"):
+        law.pass_cost_ratio(tau, 1.0, 1.2, 1.5)
+
+
+def test_fit_refuses_thin_or_degenerate_logs():
+    with pytest.raises(LawInputError, match="at least 30 passes"):
+        law.fit_pass_costs(synthetic_passes(n=10))
+    same = [dict(p, rows=4, ctx=4000, drafted=0, drafted_ctx=0, drafted_s=0, prefill=0) for p in synthetic_passes()]
+    fit = law.fit_pass_costs(same)  # nothing varies: only the per-pass cost is fitted
+    assert set(fit.dropped) == {"row", "verified", "verified_ctx", "schema", "prefill", "ctx"}
+    assert fit.coef["base"] == pytest.approx(np.mean([p["s"] - p["proposer_s"] for p in same]))
