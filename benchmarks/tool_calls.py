@@ -1,4 +1,5 @@
-"""Tool-call decoding speed: off vs ngram (γ = 2, 4, 8) vs structure, at b=1 and b=8, same engine settings.
+"""Tool-call decoding speed: off vs vLLM's ngram and suffix (γ = 2, 4, 8) vs structure, at b=1 and b=8, same
+engine settings.
 
 Each setting starts its own engine (same model, dtype, max_model_len, prefix caching, grammar backend),
 warms it (every prompt once with max_tokens=1: grammar compiled, prompt prefix cached), then decodes
@@ -10,7 +11,9 @@ of 8 submitted together (b=8).
 Per setting and batch size: decode_tok_s (output tokens after the first, over the time from each
 group's first token to its last finish), e2e_s (mean per turn), mean_accepted_len (vLLM: 1 + accepted
 draft tokens per draft step), proposer_share (proposer seconds / engine step seconds), and how many
-outputs are token-identical to `off`.
+outputs are token-identical to `off`; and the deterministic counts: target passes (Σ output tokens −
+accepted), drafted, accepted and cost = passes + δ̂·drafted, δ̂ fitted from the step logs of this run
+(agentspec_sdk.replay.accounting). Ratios against the best stock drafter are given in both measures.
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
 from agentspec_sdk.bfcl_data import tool_call_prompts
+from agentspec_sdk.replay.accounting import price_at, verify_price
+
+STOCK = ("ngram", "suffix")
 
 BATCHES = (1, 8)
 ENGINE_KWARGS = {"max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}
@@ -32,7 +40,7 @@ ENGINE_KWARGS = {"max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}
 
 def settings(gammas: list[int], structure_gamma: int) -> list[tuple[str, str, int]]:
     out = [("off", "off", structure_gamma)]
-    out += [(f"ngram-g{g}", "ngram", g) for g in gammas]
+    out += [(f"{m}-g{g}", m, g) for m in STOCK for g in gammas]
     out.append((f"structure-g{structure_gamma}", "structure", structure_gamma))
     return out
 
@@ -49,7 +57,7 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
         engine.generate(requests(1))  # warm-up: grammars compiled, prompt prefixes cached
         rows, outputs = [], {}
         for batch in BATCHES:
-            before = engine.stats()
+            before, t_before = engine.stats(), time.time()
             reqs = requests(max_tokens)
             tokens = 0
             decode_s = 0.0
@@ -67,6 +75,7 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
                 for r in group:
                     outputs[(batch, r.request_id)] = r.token_ids
             after = engine.stats()
+            steps = engine.step_log(t_before, time.time())
             drafts = after["vllm"]["num_drafts"] - before["vllm"]["num_drafts"]
             accepted = after["vllm"]["num_accepted_tokens"] - before["vllm"]["num_accepted_tokens"]
             drafted = after["vllm"]["num_draft_tokens"] - before["vllm"]["num_draft_tokens"]
@@ -82,7 +91,10 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
                 "e2e_s": sum(e2e) / len(e2e), "mean_accepted_len": 1.0 + accepted / drafts if drafts else 1.0,
                 "draft_acceptance": accepted / drafted if drafted else 0.0,
                 "proposer_share": prop_s / step_s if step_s and mode == "structure" else None,
-                "acceptance_by_class": acc if mode == "structure" else None, "startup_s": startup,
+                "acceptance_by_class": acc if mode != "off" else None, "startup_s": startup,
+                # the first token of each output comes from the prefill pass, every pass adds accepted + 1
+                "passes": tokens + len(reqs) - accepted, "drafted": drafted, "accepted": accepted,
+                "steps": [{"t": st["t"], "rows": st["rows"], "drafted": st["drafted"]} for st in steps],
             })
         return rows, outputs
     finally:
@@ -126,8 +138,9 @@ def main() -> int:
                 keys = [k for k in outputs if k.startswith(f"{row['batch']}/")]
                 row["identical_to_off"] = sum(outputs[k] == reference.get(k) for k in keys)
         rows += got
+    price = add_costs(rows)
     report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "engine": ENGINE_KWARGS, "results": rows,
-              "ratios": ratios(rows)}
+              "verify_price": price, "ratios": ratios(rows)}
     print_table(report)
     if args.json:
         text = json.dumps(report, indent=1)
@@ -154,17 +167,36 @@ def run_in_subprocess(name: str, args) -> tuple[list, dict]:
     return data["rows"], data["outputs"]
 
 
+def add_costs(rows: list[dict]) -> dict | None:
+    """cost = passes + δ̂·drafted per row, δ̂ at the row's own mean rows per step, fitted over every
+    setting's step log of this run (the steps are dropped from the rows afterwards)."""
+    price = verify_price({(r["setting"], r["batch"]): r["steps"] for r in rows if r.get("steps")})
+    for r in rows:
+        steps = r.pop("steps", None) or []
+        delta = price_at(price, float(np.mean([s["rows"] for s in steps]))) if price and steps else 0.0
+        r["delta_hat"], r["cost"] = delta, r["passes"] + delta * r["drafted"]
+    return price
+
+
 def ratios(rows: list[dict]) -> dict:
+    """structure against off and against the best stock drafter (each measure picks its own best)."""
     out = {}
     for batch in BATCHES:
-        by = {r["setting"]: r["decode_tok_s"] for r in rows if r["batch"] == batch}
+        by = {r["setting"]: r for r in rows if r["batch"] == batch}
         off = by.get("off")
         structure = next((v for k, v in by.items() if k.startswith("structure")), None)
-        ngrams = [v for k, v in by.items() if k.startswith("ngram")]
-        if off and structure:
-            out[f"b{batch}_structure_over_off"] = structure / off
-        if ngrams and structure:
-            out[f"b{batch}_structure_over_best_ngram"] = structure / max(ngrams)
+        stock = [v for k, v in by.items() if k.split("-")[0] in STOCK]
+        if structure is None:
+            continue
+        if off:
+            out[f"b{batch}_structure_over_off_tok_s"] = structure["decode_tok_s"] / off["decode_tok_s"]
+            out[f"b{batch}_structure_over_off_cost"] = off["cost"] / structure["cost"]
+        if stock:
+            fast = max(stock, key=lambda r: r["decode_tok_s"])
+            cheap = min(stock, key=lambda r: r["cost"])
+            out[f"b{batch}_structure_over_best_stock_tok_s ({fast['setting']})"] = \
+                structure["decode_tok_s"] / fast["decode_tok_s"]
+            out[f"b{batch}_structure_over_best_stock_cost ({cheap['setting']})"] = cheap["cost"] / structure["cost"]
     return out
 
 
@@ -172,12 +204,13 @@ def print_table(report: dict) -> None:
     print(f"\nBFCL tool calls: {report['prompts']} prompts, max_tokens {report['max_tokens']}, "
           f"engine {report['engine']}")
     print(f"{'setting':16s} {'b':>2s} {'tok/s':>8s} {'e2e_s':>7s} {'acc_len':>7s} {'acc%':>6s} "
-          f"{'prop%':>6s} {'same':>5s}")
+          f"{'prop%':>6s} {'same':>5s} {'passes':>7s} {'drafted':>7s} {'accept':>7s} {'cost':>8s}")
     for r in report["results"]:
         prop = f"{100 * r['proposer_share']:.1f}" if r["proposer_share"] is not None else "-"
         print(f"{r['setting']:16s} {r['batch']:>2d} {r['decode_tok_s']:8.1f} {r['e2e_s']:7.2f} "
               f"{r['mean_accepted_len']:7.2f} {100 * r['draft_acceptance']:6.1f} {prop:>6s} "
-              f"{r.get('identical_to_off', '-')!s:>5s}")
+              f"{r.get('identical_to_off', '-')!s:>5s} {r['passes']:7d} {r['drafted']:7d} {r['accepted']:7d} "
+              f"{r['cost']:8.1f}")
     for k, v in report["ratios"].items():
         print(f"{k}: {v:.2f}x")
 

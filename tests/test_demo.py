@@ -26,7 +26,7 @@ def test_demo_writes_report_table_and_plots(demo_report):
     assert {p.name for p in out.iterdir()} >= {"report.json", "report.md", "tau_by_class.png",
                                                "saving_vs_schema_share.png"}
     assert "| D | structure |" in stdout and "Verdicts" in stdout
-    assert set(rep["speedup"]["D"]) == {"off", "structure"}
+    assert set(rep["speedup"]["D"]) == {"off", "structure", "suffix"}
     assert rep["speedup"]["D"]["off"]["decode"] == pytest.approx(1.0)
     assert [v["name"] for v in rep["verdicts"]] == ["P1", "R1", "R2", "R3", "R4"]
     for key in ("platform", "versions", "model", "seed"):
@@ -50,6 +50,26 @@ def test_demo_report_is_internally_consistent(demo_report):
     structure = next(r for r in rep["runs"] if r["mode"] == "structure")
     assert structure["drafted"] > 0 and structure["by_class"]["S"]["tokens"] > 0
     assert structure["w"]["S"] == pytest.approx(structure["by_class"]["S"]["tokens"] / structure["output_tokens"])
+
+
+@pytest.mark.engine
+def test_demo_measures_suffix_as_a_peer_with_per_class_rows(demo_report):
+    _, rep, stdout = demo_report
+    runs = {r["mode"]: r for r in rep["runs"] if r["arm"] == "D"}
+    suffix, structure, off = runs["suffix"], runs["structure"], runs["off"]
+    assert suffix["drafted"] > 0 and suffix["accepted"] > 0
+    # vLLM's drafter observed in-process: its drafts settle per law class, none left unclassified
+    assert set(suffix["by_class"]) <= {"S", "R", "F"}
+    assert sum(c["drafted"] for c in suffix["by_class"].values()) == suffix["drafted"]
+    assert suffix["by_class"]["S"]["drafted"] > 0
+    for r in (off, suffix, structure):
+        # accepted tokens the stop check dropped (beyond the output) saved no pass
+        assert r["output_tokens"] - r["accepted"] <= r["passes"] <= r["output_tokens"]
+        assert r["cost"] >= r["passes"] and r["oracle_cost"] <= r["cost"] + 1e-9
+    assert off["passes"] == off["output_tokens"] and off["cost"] == off["passes"]
+    [peer] = [p for p in rep["peers"] if p["arm"] == "D"]
+    assert peer["best_stock_by_cost"] == "suffix" and peer["cost_vs_best_stock"] > 0
+    assert "Target passes and cost" in stdout
 
 
 @pytest.mark.engine

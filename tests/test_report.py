@@ -217,20 +217,26 @@ def test_class_entropies_on_the_real_model():
     assert sum(masked["S"]) < 0.1 * sum(ent["S"]) and max(masked["S"]) < 0.7
 
 
-def test_headline_compares_structure_with_the_best_ngram():
+def test_headline_compares_structure_with_the_best_stock_drafter():
+    from agentspec_sdk.replay import accounting
     from agentspec_sdk.replay.cli import headline
 
-    def run(arm, mode, gamma, tok_s):
-        return {"arm": arm, "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True, "decode_tok_s": tok_s}
+    def run(arm, mode, gamma, tok_s, passes, drafted):
+        return {"arm": arm, "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True, "decode_tok_s": tok_s,
+                "passes": passes, "drafted": drafted, "cost": passes + 0.1 * drafted,
+                "oracle_cost": 50 + 0.1 * 150}
 
-    rep = {"primary": {"batch": 8, "gamma": 8}, "verdicts": [],
-           "runs": [run("D", "off", 8, 10.0), run("D", "ngram", 4, 12.0), run("D", "ngram", 8, 14.0),
-                    run("D", "structure", 8, 21.0), run("D", "structure", 16, 28.0),
-                    run("A", "off", 8, 10.0), run("A", "structure", 8, 9.9)]}
+    runs = [run("D", "off", 8, 10.0, 200, 0), run("D", "ngram", 8, 14.0, 120, 100),
+            run("D", "suffix", 8, 15.0, 110, 100), run("D", "structure", 8, 21.0, 80, 120),
+            run("A", "off", 8, 10.0, 100, 0), run("A", "suffix", 8, 10.5, 98, 10), run("A", "structure", 8, 9.9, 100, 0)]
+    rep = {"primary": {"batch": 8, "gamma": 8}, "verdicts": [], "peers": accounting.peer_table(runs)}
     lines = headline(rep)
-    assert lines[0].startswith("Arm D, b=8: structure (γ=8) 2.10× off")
-    assert "1.50× best ngram (γ=8)" in lines[1] and "best structure (γ=16) 2.00×" in lines[1]
-    assert lines[2].startswith("Arm A, b=8: structure (gated) 0.99× off")
+    arm_a, arm_d = lines
+    assert arm_d.startswith("Arm D, b=8, γ=8: structure 2.17× off in cost, 2.10× in decode tok/s")
+    assert "1.30× the best stock drafter in cost (suffix), 1.40× in decode tok/s (suffix)" in arm_d
+    assert "oracle 1.85× the best stock drafter in cost, structure captures 51% of the oracle's gain" in arm_d
+    assert arm_a.startswith("Arm A, b=8, γ=8: structure 1.00× off in cost")
+    assert "0.94× in decode tok/s (suffix)" in arm_a
 
 
 def test_lossless_mismatch_rejects_r4():

@@ -13,6 +13,7 @@ then size all drafts together with the budget allocator.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -27,11 +28,15 @@ from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_to
 from agentspec_sdk.drafting.lookup import SEPARATOR, continuation
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
+from agentspec_sdk.drafting.suffix_source import SuffixTrees
+from agentspec_sdk.drafting.suffix_source import available as suffix_available
 from agentspec_sdk.drafting.text import HistoryText, TokenBytes
 from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.law.estimators import OnlineAcceptance, OnlineStepCost
 from agentspec_sdk.structure.formats import AgentFormat, LawClass
 from agentspec_sdk.structure.segmenter import Segmenter
+
+log = logging.getLogger("agentspec.drafting")
 
 FALLBACK_TURN_START = "<|im_start|>assistant\n"
 FALLBACK_TURN_END = "<|im_end|>"
@@ -64,9 +69,10 @@ class RowInput:
 @dataclass(slots=True)
 class _Candidate:
     tokens: list[int]
-    sources: list[str]  # per token: forced | marker | repeat | lookup
+    sources: list[str]  # per token: forced | marker | repeat | lookup | suffix
     kind: str
     law_class: str
+    confidences: list[float] | None = None  # per token, given the ones before (suffix trees); None: learned
 
     @property
     def source(self) -> str:
@@ -77,11 +83,13 @@ class _Row:
     """Cached state of one request's row."""
 
     __slots__ = ("ids", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
-                 "call", "call_start", "pending")
+                 "call", "call_start", "pending", "trees", "tree_key")
 
     def __init__(self, drafter: StructureDrafter, ids: np.ndarray):
         self.ids = np.array(ids, dtype=np.int64)
         self.n = len(self.ids)
+        self.trees = drafter.trees
+        self.tree_key = self.trees.start(self.ids) if self.trees is not None else -1
         self.hash = RollingHash.of(self.ids)
         self.text = HistoryText(drafter.token_bytes)
         self.text.extend(self.ids.tolist())
@@ -112,6 +120,8 @@ class _Row:
         self.n = len(ids)
         new_list = new.tolist()
         self.hash.extend(new_list)
+        if self.trees is not None:
+            self.trees.extend(self.tree_key, new)
         self._feed(self.text.extend(new_list))
 
     def _feed(self, chunk: str) -> None:
@@ -127,6 +137,11 @@ class _Row:
 
     def segment_text(self) -> str:
         return self.text.text[self.turn_char + self.seg.current.start:]
+
+    def forget(self) -> None:
+        """The row left the batch: its prompt tree goes, its response stays in the global tree."""
+        if self.trees is not None:
+            self.trees.stop(self.tree_key)
 
 
 def _model_turns(prompt: str, turn_start: str, turn_end: str) -> list[str]:
@@ -160,6 +175,8 @@ class StructureDrafter:
         self._watcher = PlanWatcher(plan_path) if plan_path else None
         self._turn_start_default, self.turn_end = _turn_markers(tokenizer)
         self._rows: list[_Row | None] = []
+        self.trees: SuffixTrees | None = None
+        self.suffix_chosen = 0  # rows whose draft came from the suffix trees
         self.accounting = Accounting(OnlineAcceptance(plan.prior_acceptance), plan.records_path)
         self.cost = OnlineStepCost(plan.delta)
         self._apply_plan(plan)
@@ -188,9 +205,18 @@ class StructureDrafter:
         except AgentSpecError as exc:  # an unsupported schema: lookup still works, no forced drafts
             self._call_grammar, self._registry, self.grammar_error = None, None, str(exc)
         self._proto: dict[tuple, CallMatcher] = {}
+        self._forget_rows(self._rows)
         self._rows = []  # formats or tools changed: rebuild every row's state
+        if plan.suffix_trees and self.trees is None:
+            if suffix_available():
+                self.trees = SuffixTrees()
+            else:
+                log.warning("arctic-inference is not installed: the structure drafter runs without suffix trees")
+        elif not plan.suffix_trees:
+            self.trees = None
         self.accounting.flush()
         self.accounting.records_path = Path(plan.records_path) if plan.records_path else None
+        self.accounting.records_max_bytes = plan.records_max_bytes
 
     def _check_plan(self) -> None:
         if self._watcher is None:
@@ -221,6 +247,7 @@ class StructureDrafter:
         try:
             return self._propose(rows, started, at)
         except Exception:
+            self._forget_rows(self._rows)
             self._rows = []
             self.accounting.end_step(len(rows), 0, time.perf_counter() - started, max(1, len(rows)), at)
             return [[] for _ in rows]
@@ -248,6 +275,8 @@ class StructureDrafter:
                 states[i] = None
         self._rows = states
         drafts = self._size(candidates)
+        self.accounting.sized([(c.law_class, len(c.tokens), len(d)) for c, d in zip(candidates, drafts, strict=True)
+                               if c is not None])
         if self.plan.learn_delta:
             self.cost.observe(at, len(rows), sum(map(len, drafts)))
         for i, draft in enumerate(drafts):
@@ -285,7 +314,14 @@ class StructureDrafter:
         for j in free:
             if old[j] is not None and old[j].pending is not None:
                 self.accounting.dropped += 1
+        self._forget_rows([old[j] for j in free])
         return out
+
+    @staticmethod
+    def _forget_rows(rows) -> None:
+        for st in rows:
+            if st is not None:
+                st.forget()
 
     def _resolve(self, st: _Row, ids: np.ndarray) -> None:
         pending = st.pending
@@ -297,6 +333,53 @@ class StructureDrafter:
     # -- one row's candidate draft ------------------------------------------------------------
 
     def _candidate(self, st: _Row) -> _Candidate | None:
+        own = self._structure_candidate(st)
+        if self.trees is None or (own is not None and own.source in ("forced", "marker")):
+            return own  # grammar-forced text (and a begun marker) goes first
+        tree = self._suffix_candidate(st)
+        if tree is not None and (own is None or self._expected(tree) > self._expected(own)):
+            self.suffix_chosen += 1
+            return tree
+        return own
+
+    def _suffix_candidate(self, st: _Row) -> _Candidate | None:
+        """SuffixDecoding's draft for this row, cut where the current segment ends."""
+        tokens, conf = self.trees.speculate(st.tree_key, st.ids, self.gamma)
+        if not tokens:
+            return None
+        if self.plan.isolation:
+            pieces = [self.token_bytes[t] for t in tokens]
+            text = b"".join(pieces).decode("utf-8", errors="replace")
+            cut = st.seg.boundary_in(text)
+            if cut is not None:
+                limit, keep, used = len(text[:cut].encode("utf-8")), 0, 0
+                for piece in pieces:
+                    if used + len(piece) > limit:
+                        break
+                    used += len(piece)
+                    keep += 1
+                tokens, conf = tokens[:keep], conf[:keep]
+        if not tokens:
+            return None
+        kind = st.fmt.kind(st.seg.kind)
+        return _Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
+
+    def _expected(self, cand: _Candidate) -> float:
+        """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""
+        return float(np.cumprod(self._confidences(cand)).sum())
+
+    def _confidences(self, cand: _Candidate) -> list[float]:
+        if cand.confidences is not None:
+            return cand.confidences
+        acc, cache = self.accounting.acceptance, {}
+        out = []
+        for src in cand.sources:
+            if src not in cache:
+                cache[src] = acc.alpha(cand.law_class, src)
+            out.append(cache[src])
+        return out
+
+    def _structure_candidate(self, st: _Row) -> _Candidate | None:
         seg = st.seg
         kind = st.fmt.kind(seg.kind)
         if self.gamma == 0:
@@ -499,17 +582,13 @@ class StructureDrafter:
     def _size(self, candidates: list[_Candidate | None]) -> list[list[int]]:
         if not candidates:
             return []
-        acc = self.accounting.acceptance
         lengths = np.array([len(c.tokens) if c else 0 for c in candidates])
         width = max(1, int(lengths.max()))
         alphas = np.zeros((len(candidates), width))  # per row and draft position
         for i, c in enumerate(candidates):
             if c is not None:
-                cache: dict[str, float] = {}
-                for j, src in enumerate(c.sources):
-                    if src not in cache:
-                        cache[src] = acc.alpha(c.law_class, src)
-                    alphas[i, j] = cache[src]
+                conf = self._confidences(c)
+                alphas[i, : len(conf)] = conf
         terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
         price = batch_price(self.price, len(candidates), terms)  # per row of this step
         if self.plan.budget:
@@ -538,6 +617,7 @@ class StructureDrafter:
 
     def stats(self) -> dict:
         return {**self.accounting.stats(), "plan_version": self.plan.version,
+                "suffix_trees": self.trees is not None, "suffix_chosen": self.suffix_chosen,
                 "grammar_error": self.grammar_error, "delta": self.price - self.plan.d,
                 "delta_learned": self.plan.learn_delta and self.cost.learned}
 

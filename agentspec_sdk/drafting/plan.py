@@ -44,7 +44,11 @@ class DraftPlan:
     isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
     budget: bool = True  # False: ablation "structure-without-budget" (fixed gamma_max for every row)
     records_path: str | None = None
+    records_max_bytes: int | None = None  # rotate the records file past this size; None: 64 MiB
     lookup_min_chars: int = 3
+    # SuffixDecoding's trees (arctic-inference) as a draft source inside segments; off when the
+    # package is missing (logged) or for the ablation "structure-no-suffix"
+    suffix_trees: bool = True
     version: int = 0
 
     def __post_init__(self) -> None:
@@ -67,6 +71,11 @@ class DraftPlan:
         for cls, alpha in self.prior_acceptance.items():
             if not isinstance(alpha, int | float) or not 0.0 <= alpha <= 1.0:
                 raise PlanError(f"plan: prior_acceptance[{cls!r}] must be in [0, 1], got {alpha!r}")
+        if self.records_max_bytes is not None and (
+                isinstance(self.records_max_bytes, bool) or not isinstance(self.records_max_bytes, int)
+                or self.records_max_bytes < 4096):
+            raise PlanError(f"plan: records_max_bytes must be None or an integer >= 4096, "
+                            f"got {self.records_max_bytes!r}")
         if not self.formats:
             raise PlanError("plan: formats must name at least one agent format")
         try:

@@ -1,0 +1,85 @@
+"""Suffix-tree continuations for the structure drafter: SuffixDecoding's trees, confidences included.
+
+`arctic_inference.suffix_decoding.SuffixDecodingCache` is what vLLM's `suffix` drafter runs: a tree
+over each request's prompt plus one global tree over the responses of all requests, both matched
+against the last `max_tree_depth` tokens, every drafted token with the tree's estimate of the
+probability of the path up to it. The drafter drives one cache exactly as vLLM's proposer does (same
+depth, spec factor and probability floor), so on every row it knows what suffix decoding would have
+drafted; the drafter then cuts that draft at the segment's end and lets the budget price each token
+by its own confidence. The structure drafter is thereby a superset of suffix decoding inside a
+segment.
+
+Keys: vLLM's proposer sees no request ids, so a "request" here is one tracked row (the drafter's
+`_Row`: a history it follows step by step); a row that is rebuilt (it left the batch and came back,
+or was reordered past recognition) starts a new entry, and one that leaves the batch is stopped (its
+response stays in the global tree, as in vLLM). The trees are not keyed by segment kind or tool: the
+matched context (up to 24 tokens) already carries the kind and usually the tool name, and a draft is
+cut where the segment ends anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+
+log = logging.getLogger("agentspec.drafting")
+
+# vLLM 0.32's defaults for method "suffix" (SpeculativeConfig.suffix_decoding_*)
+MAX_TREE_DEPTH = 24
+MAX_CACHED_REQUESTS = 10_000
+MAX_SPEC_FACTOR = 1.0
+MIN_TOKEN_PROB = 0.1
+
+
+def available() -> bool:
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SuffixTrees:
+    """One SuffixDecodingCache over the rows the drafter tracks."""
+
+    def __init__(self, max_tree_depth: int = MAX_TREE_DEPTH, max_cached_requests: int = MAX_CACHED_REQUESTS,
+                 max_spec_factor: float = MAX_SPEC_FACTOR, min_token_prob: float = MIN_TOKEN_PROB):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+        self.depth = max_tree_depth
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self._ids = itertools.count()
+
+    def start(self, history: np.ndarray) -> int:
+        """A new tracked row: its history so far is its "prompt"; returns its key."""
+        key = next(self._ids)
+        self.cache.start_request(key, np.ascontiguousarray(history, dtype=np.int32))
+        return key
+
+    def extend(self, key: int, new_tokens) -> None:
+        if len(new_tokens) and key in self.cache.active_requests:
+            self.cache.add_active_response(key, np.ascontiguousarray(new_tokens, dtype=np.int32))
+
+    def stop(self, key: int) -> None:
+        if key in self.cache.active_requests:
+            self.cache.stop_request(key)
+
+    def speculate(self, key: int, history: np.ndarray, max_tokens: int) -> tuple[list[int], list[float]]:
+        """(tokens, conditional confidence of each token given the ones before it). The tree gives the
+        probability of the whole path up to each token; the ratio of consecutive ones is the token's own."""
+        if max_tokens <= 0 or key not in self.cache.active_requests:
+            return [], []
+        context = np.ascontiguousarray(history[-self.depth:], dtype=np.int32)
+        draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens, max_spec_factor=self.max_spec_factor,
+                                     min_token_prob=self.min_token_prob)
+        tokens = [int(t) for t in draft.token_ids]
+        path = [float(p) for p in draft.probs]
+        conf, before = [], 1.0
+        for p in path:
+            conf.append(min(p / before, 1.0) if before > 0 else 0.0)
+            before = p
+        return tokens, conf

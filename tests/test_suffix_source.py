@@ -1,0 +1,107 @@
+"""Suffix trees (arctic-inference's SuffixDecodingCache) as a draft source of the structure drafter, and
+the budget pricing each of their tokens by its own confidence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter, _Candidate
+from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
+
+pytestmark = pytest.mark.skipif(not available(), reason="arctic-inference missing: scripts/setup.sh installs it")
+
+
+def test_trees_draft_from_the_prompt_with_conditional_confidences():
+    trees = SuffixTrees()
+    key = trees.start(np.array([1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5]))
+    tokens, conf = trees.speculate(key, np.array([9, 1, 2, 3]), 8)
+    # after "1 2 3" comes 4 (3 of 3 times), then 5 (2 of 3) or 6: the path probability 2/3 at "5"
+    assert tokens[:2] == [4, 5]
+    assert conf[0] == pytest.approx(1.0) and conf[1] == pytest.approx(2 / 3, rel=1e-4)
+    assert all(0.0 <= c <= 1.0 for c in conf)
+    # vLLM's spec factor 1.0: no more tokens than the matched context is long
+    assert len(tokens) <= 3
+
+
+def test_finished_rows_feed_the_global_tree():
+    trees = SuffixTrees()
+    a = trees.start(np.array([100, 101]))
+    trees.extend(a, np.array([7, 8, 9, 10, 11]))
+    trees.stop(a)
+    b = trees.start(np.array([200]))
+    tokens, _ = trees.speculate(b, np.array([200, 7, 8, 9]), 8)
+    assert tokens[:2] == [10, 11]  # another request's response, as in vLLM's global tree
+    assert trees.speculate(a, np.array([7, 8]), 8) == ([], [])  # a stopped row drafts nothing
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model())
+
+
+def _history(tok, reasoning: str) -> np.ndarray:
+    msgs = [{"role": "system", "content": "Think, then call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Plan the trip. Say: " + reasoning}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return np.array(tok.encode(prompt + reasoning), dtype=np.int64)
+
+
+def test_drafter_drafts_what_another_row_wrote_and_stops_at_the_segment_end(tok):
+    """Row A writes a sentence and a tool call; row B, another agent with another prompt, begins the
+    same sentence: only the global tree (A's response) knows how it goes on — in-segment lookup over
+    B's own prompt cannot. B's draft comes from the tree and ends where B's reasoning segment ends."""
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    assert drafter.trees is not None
+    said = " First we book the train to Lyon, then the hotel near the station."
+    a_prompt = _history(tok, "")
+    a_out = np.array(tok.encode(said + "<tool_call>"), dtype=np.int64)
+    for n in range(0, len(a_out) + 1, 4):  # A decodes: its response grows the global tree
+        drafter.propose([RowInput(np.concatenate([a_prompt, a_out[:n]]))])
+    drafter.propose([RowInput(np.concatenate([a_prompt, a_out]))])
+    msgs = [{"role": "system", "content": "Think, then call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Another user, another request entirely."}]
+    b_prompt = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    b_ids = np.array(b_prompt + a_out[:10].tolist(), dtype=np.int64)
+    a_ids = np.concatenate([a_prompt, a_out])
+    drafts = drafter.propose([RowInput(a_ids), RowInput(b_ids)])
+    b_draft = drafts[1]
+    assert b_draft == a_out[10:10 + len(b_draft)].tolist() and len(b_draft) >= 2
+    assert drafter._rows[1].pending.source == "suffix"
+    assert "<tool_call>" not in tok.decode(b_draft)  # the reasoning segment ends at the marker
+    assert drafter.stats()["suffix_chosen"] >= 1
+
+
+def test_structure_drafter_without_trees_when_the_plan_says_so(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[], suffix_trees=False), tok)
+    assert drafter.trees is None and drafter.stats()["suffix_trees"] is False
+
+
+def test_budget_prices_each_token_by_its_own_confidence(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False, delta=0.3), tok)
+    confident = _Candidate([1, 2, 3, 4], ["suffix"] * 4, "reasoning", "R", [0.95, 0.95, 0.9, 0.2])
+    weak = _Candidate([5, 6, 7], ["suffix"] * 3, "reasoning", "R", [0.25, 1.0, 1.0])
+    sizes = [len(d) for d in drafter._size([confident, weak])]
+    price = drafter.price
+    # a token is sent while the product of confidences up to it pays its price (at this step's rows)
+    from agentspec_sdk.drafting.budget import batch_price
+
+    p = batch_price(price, 2)
+    want_confident = int(np.sum(np.cumprod([0.95, 0.95, 0.9, 0.2]) >= p))
+    want_weak = int(np.sum(np.cumprod([0.25, 1.0, 1.0]) >= p))
+    assert sizes == [want_confident, want_weak]
+    assert sizes[0] == 3 and sizes[1] == 0
+
+
+def test_expected_value_compares_tree_and_learned_candidates(tok):
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    tree = _Candidate([1, 2], ["suffix", "suffix"], "reasoning", "R", [0.9, 0.9])
+    assert drafter._expected(tree) == pytest.approx(0.9 + 0.81)
+    lookup = _Candidate([1, 2, 3], ["lookup"] * 3, "reasoning", "R")
+    a = drafter.accounting.acceptance.alpha("R", "lookup")
+    assert drafter._expected(lookup) == pytest.approx(a + a * a + a ** 3)
