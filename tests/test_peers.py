@@ -1,0 +1,113 @@
+"""vLLM's own drafters as peers: `suffix` configuration, the missing-package error, and the observer
+that lets their drafts settle per class without changing them. The real-engine check is
+tests/test_demo.py (the quick demo replays `suffix` beside `structure`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.backends import server
+from agentspec_sdk.backends.server import ServerSpec, stock_speculative_config
+from agentspec_sdk.backends.stock_observer import StockDraftObserver
+from agentspec_sdk.backends.vllm_metrics import RecordsTail
+from agentspec_sdk.errors import BackendError
+
+
+def _no_arctic(monkeypatch):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name.startswith("arctic_inference"):
+            return None
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_suffix_config_is_vllms_own():
+    assert stock_speculative_config("suffix", 8) == {"method": "suffix", "num_speculative_tokens": 8}
+    args = ServerSpec(model="m", speculation="suffix", gamma_max=8).args()
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "suffix", "num_speculative_tokens": 8}
+    assert "--per-request-spec-decode-metrics" in args
+
+
+def test_missing_arctic_inference_names_the_install_step(monkeypatch):
+    _no_arctic(monkeypatch)
+    with pytest.raises(BackendError, match="arctic-inference.*pip install") as err:
+        ServerSpec(model="m", speculation="suffix").args()
+    assert "ARCTIC_INFERENCE_ENABLED" not in str(err.value)
+    with pytest.raises(BackendError, match="arctic-inference"):
+        server.require_suffix_decoding()
+
+
+def test_engine_refuses_suffix_without_the_package_before_vllm_starts(monkeypatch):
+    _no_arctic(monkeypatch)
+    from agentspec_sdk.backends import vllm_engine
+
+    def no_model(*a, **k):
+        raise AssertionError("the engine went on to load a model")
+
+    monkeypatch.setattr(vllm_engine, "resolve_model", no_model)
+    with pytest.raises(BackendError, match="speculation='suffix'.*arctic-inference"):
+        vllm_engine.Engine(speculation="suffix")
+
+
+class _Ngram:
+    """The shape of vLLM's NgramProposer.propose (num_spec, sampled, num_tokens_no_spec, token_ids_cpu)."""
+
+    def propose(self, num_spec, sampled, num_tokens, token_ids, slot_mappings=None):
+        return [[int(token_ids[i, num_tokens[i] - 1]) + 1] * 3 if sampled[i] else [] for i in range(len(sampled))]
+
+
+def test_observer_keeps_drafts_and_records_them_for_the_claim(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.touch()
+    drafter = _Ngram()
+    original = drafter.propose
+    obs = StockDraftObserver(drafter, "ngram", path)
+    ids = np.zeros((2, 16), dtype=np.int64)
+    ids[0, :5] = [10, 11, 12, 13, 14]
+    ids[1, :3] = [20, 21, 22]
+    num = np.array([5, 3])
+    drafts = drafter.propose(8, [[14], []], num, ids)
+    assert drafts == original(8, [[14], []], num, ids)  # untouched
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    draft_lines = [x for x in lines if x["type"] == "draft"]
+    assert len(draft_lines) == 1 and draft_lines[0]["position"] == 5 and draft_lines[0]["tokens"] == [15, 15, 15]
+    step = next(x for x in lines if x["type"] == "step")
+    assert step["rows"] == 2 and step["drafted"] == 3 and step["ctx"] == 8
+    tail = RecordsTail(path)
+    tail.poll()
+    [rec] = tail.claim([10, 11, 12], [13, 14, 15, 15, 9])  # the target kept two of the three
+    assert rec["position"] == 2 and rec["drafted"] == 3 and rec["accepted"] == 2 and rec["law_class"] is None
+    assert tail.step_log and tail.step_log[-1]["rows"] == 2
+    obs.close()
+    assert drafter.propose == original
+
+
+def test_observer_reads_suffix_rows_from_the_input_batch(tmp_path):
+    path = tmp_path / "records.jsonl"
+
+    class _Suffix:
+        def propose(self, num_spec, input_batch, sampled, slot_mappings=None):
+            return [[7, 8]]
+
+    batch = SimpleNamespace(num_tokens_no_spec=np.array([4]), token_ids_cpu=np.array([[1, 2, 3, 4, 0]]))
+    drafter = _Suffix()
+    StockDraftObserver(drafter, "suffix", path)
+    assert drafter.propose(8, batch, [[4]]) == [[7, 8]]
+    [draft] = [json.loads(x) for x in path.read_text().splitlines() if '"draft"' in x]
+    assert draft["position"] == 4 and draft["source"] == "suffix"
+
+
+def test_observer_failure_never_breaks_decoding(tmp_path):
+    drafter = _Ngram()
+    StockDraftObserver(drafter, "ngram", tmp_path / "missing-dir" / "records.jsonl")
+    ids = np.ones((1, 4), dtype=np.int64)
+    assert drafter.propose(8, [[1]], np.array([2]), ids) == [[2, 2, 2]]
