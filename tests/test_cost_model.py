@@ -88,3 +88,56 @@ def test_fit_refuses_thin_or_degenerate_logs():
     fit = law.fit_pass_costs(same)  # nothing varies: only the per-pass cost is fitted
     assert set(fit.dropped) == {"row", "verified", "verified_ctx", "schema", "prefill", "ctx"}
     assert fit.coef["base"] == pytest.approx(np.mean([p["s"] - p["proposer_s"] for p in same]))
+
+
+def _gpu_costs():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_costs.py"
+    spec = importlib.util.spec_from_file_location("gpu_costs", path)
+    mod = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules["gpu_costs"] = mod  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_platform_costs_on_tiny_shapes(tmp_path):
+    gc = _gpu_costs()
+    out, md = tmp_path / "costs.json", tmp_path / "costs.md"
+    result = gc.main(["--tiny", "--device", "cpu", "--ctx", "128", "--reps", "3", "--batches", "1,8",
+                      "--out", str(out), "--markdown", str(md)])
+    import json
+
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert [c["batch"] for c in result["costs"]] == [1, 8]
+    for c, p in zip(result["costs"], result["predictions"], strict=True):
+        assert c["c_t_s"] > 0 and c["verify_s"] > 0 and c["draft_s"] > 0
+        assert c["delta"] == pytest.approx(max((c["verify_s"] - c["c_t_s"]) / (8 * c["c_t_s"]), 0.0))
+        assert c["d"] == pytest.approx(c["draft_s"] / c["c_t_s"])
+        # the predictions are the law at the measured constants
+        rep = law.evaluate(law.LawParams(0.64, c["delta"], c["d"]),
+                           law.ClassMix({"S": 0.7, "R": 0.3, "F": 0.0}, {"S": 0.8, "R": 0.42, "F": 0.14}), 8)
+        assert p["speedup"] == pytest.approx(rep.speedup) and p["tau"] == pytest.approx(rep.tau)
+    assert md.read_text().count("\n| ") == 3 and "| 8 |" in md.read_text()
+
+
+def test_platform_layers_have_the_declared_shapes():
+    gc = _gpu_costs()
+    import torch
+
+    layer = gc.Layer(gc.TINY_TARGET, 2, 16, "cpu", torch.float32, torch.Generator().manual_seed(0))
+    s = gc.TINY_TARGET
+    params = layer.qkv.numel() + layer.o.numel() + layer.gate_up.numel() + layer.down.numel()
+    assert params == (s.hidden * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * s.hidden
+                      + 3 * s.hidden * s.mlp)
+    x = torch.randn(2, 3, s.hidden)
+    assert layer(x).shape == (2, 3, s.hidden)
+    # the declared platform: a 32B target (untied embeddings) and a 4B drafter (tied), within 5%
+    for shape, billions, embeddings in ((gc.TARGET, 32.8, 2), (gc.DRAFTER, 4.0, 1)):
+        per_layer = (shape.hidden * (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+                     + shape.heads * shape.head_dim * shape.hidden + 3 * shape.hidden * shape.mlp)
+        total = shape.layers * per_layer + embeddings * shape.vocab * shape.hidden
+        assert total / 1e9 == pytest.approx(billions, rel=0.05), shape.name
