@@ -1,5 +1,6 @@
-"""JSON Schema → grammar: language exactness (python lark), both renderings on the real engines
-(llguidance and xgrammar with SmolLM2's tokenizer), prefixing/composition, policies, bad input."""
+"""JSON Schema → grammar: language exactness under the three judges (python lark, llguidance with
+SmolLM2's tokenizer, xgrammar on the EBNF rendering), drafts (`$schema`), canonical forms,
+prefixing/composition, policies, bad input."""
 
 from __future__ import annotations
 
@@ -99,13 +100,31 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def checker():
+    transformers = pytest.importorskip("transformers")
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.structure.grammar_checks import GrammarChecker
+
+    return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
+
+
+def verdicts_of(checker, schema, texts, **options) -> dict[str, dict[str, bool | None]]:
+    """Each text under the three judges (lark, llguidance, xgrammar) of the schema's grammar."""
+    from agentspec_sdk.structure.grammar_checks import JUDGES
+
+    rules = schema_rules(schema, "s", **options)
+    judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
+    assert judges.errors == dict.fromkeys(JUDGES), judges.errors
+    return {text: judges.verdicts(text) for text in texts}
+
+
 @pytest.mark.parametrize("schema, valid, invalid", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_grammar_matches_exactly_the_canonical_instances(schema, valid, invalid):
-    grammar = compile_schema(schema)
-    for text in valid:
-        assert accepts(grammar, text), f"{text} should be accepted by\n{grammar}"
-    for text in invalid:
-        assert not accepts(grammar, text), f"{text} should be rejected by\n{grammar}"
+def test_grammar_matches_exactly_the_canonical_instances(checker, schema, valid, invalid):
+    """Under every judge: python lark, llguidance (SmolLM2's tokens), xgrammar (EBNF rendering)."""
+    for text, verdicts in verdicts_of(checker, schema, valid + invalid).items():
+        expected = text in valid
+        assert set(verdicts.values()) == {expected}, f"{text} should be {'accepted' if expected else 'rejected'}: {verdicts}"
 
 
 def test_property_order_is_deterministic_and_follows_the_schema():
@@ -184,31 +203,6 @@ def test_schema_rules_are_prefixed_and_compose_in_one_grammar():
 
 
 # ---------------------------------------------------------------- the real engines
-
-
-@pytest.fixture(scope="module")
-def checker():
-    transformers = pytest.importorskip("transformers")
-    from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.structure.grammar_checks import GrammarChecker
-
-    return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
-
-
-ENGINE_CASES = [CASES[i] for i in (0, 1, 3, 5, 6, 8, 11, 17, 18, 25, 28)]
-
-
-@pytest.mark.parametrize("schema, valid, invalid", ENGINE_CASES, ids=[str(i) for i in range(len(ENGINE_CASES))])
-def test_both_renderings_compile_and_agree_on_llguidance_and_xgrammar(checker, schema, valid, invalid):
-    lark_text, gbnf_text = compile_schema(schema), compile_schema_gbnf(schema)
-    assert checker.llguidance_error(lark_text) is None
-    assert checker.xgrammar_error(gbnf_text) is None
-    for text in valid:
-        assert checker.llguidance_accepts(lark_text, text), f"llguidance rejects {text}"
-        assert checker.xgrammar_accepts(gbnf_text, text), f"xgrammar rejects {text}"
-    for text in invalid:
-        assert not checker.llguidance_accepts(lark_text, text), f"llguidance accepts {text}"
-        assert not checker.xgrammar_accepts(gbnf_text, text), f"xgrammar accepts {text}"
 
 
 def test_flexible_whitespace_compiles_in_both_engines(checker):
@@ -304,3 +298,70 @@ def test_bool_schemas():
     assert accepts(compile_schema(True), '{"a":[1,"x",null]}')
     with pytest.raises(InvalidSchema):
         compile_schema(False)
+
+
+# ---------------------------------------------------------------- drafts ($schema)
+
+D4 = "http://json-schema.org/draft-04/schema#"
+D6 = "http://json-schema.org/draft-06/schema#"
+D7 = "http://json-schema.org/draft-07/schema#"
+D2019 = "https://json-schema.org/draft/2019-09/schema"
+D2020 = "https://json-schema.org/draft/2020-12/schema"
+
+DIALECT_CASES = [
+    # $ref siblings: ignored before 2019-09, applied from 2019-09 on
+    ({"$schema": D7, "definitions": {"r": {"type": "array"}}, "properties": {"foo": {"$ref": "#/definitions/r", "maxItems": 2}}},
+     ['{"foo":[1,2,3]}', '{"foo":[]}', '{"foo":1}']),
+    ({"$schema": D2019, "$defs": {"r": {"type": "array"}}, "properties": {"foo": {"$ref": "#/$defs/r", "maxItems": 2}}},
+     ['{"foo":[1,2,3]}', '{"foo":[]}', '{"foo":1}']),
+    ({"$schema": D4, "definitions": {"r": {"type": "integer"}}, "$ref": "#/definitions/r", "minimum": 5}, ["1", "7", '"x"']),
+    # dependencies: drafts 4 to 7; 2019-09 and 2020-12 ignore it
+    ({"$schema": D7, "dependencies": {"bar": ["foo"]}}, ['{"bar":1}', '{"bar":1,"foo":2}', '{"foo":2}']),
+    ({"$schema": D2020, "dependencies": {"bar": ["foo"]}}, ['{"bar":1}', '{"bar":1,"foo":2}']),
+    # dependentRequired: 2019-09 on; draft 7 ignores it
+    ({"$schema": D7, "dependentRequired": {"bar": ["foo"]}}, ['{"bar":1}']),
+    ({"$schema": D2019, "dependentRequired": {"bar": ["foo"]}}, ['{"bar":1}', '{"bar":1,"foo":2}']),
+    # items: the array form (with additionalItems) up to 2019-09; prefixItems from 2020-12
+    ({"$schema": D2019, "items": [{"type": "integer"}], "additionalItems": False}, ["[1]", "[1,2]", '["x"]', "[]"]),
+    ({"$schema": D2019, "prefixItems": [{"type": "integer"}]}, ['["x"]', "[1]"]),
+    ({"$schema": D2020, "prefixItems": [{"type": "integer"}], "additionalItems": False}, ['["x"]', "[1]", "[1,2]"]),
+    # const from draft 6; if/then/else from draft 7 (before: annotations)
+    ({"$schema": D4, "const": 1}, ["1", "2"]),
+    ({"$schema": D6, "const": 1}, ["1", "2"]),
+    ({"$schema": D6, "type": "integer", "if": {"minimum": 3}, "then": {"maximum": 2}}, ["1", "5"]),
+]
+
+
+@pytest.mark.parametrize("schema, texts", DIALECT_CASES, ids=[str(i) for i in range(len(DIALECT_CASES))])
+def test_schema_keyword_decides_the_draft_semantics(checker, schema, texts):
+    """Each verdict equals the `jsonschema` validator of the draft the schema declares."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text, verdicts in verdicts_of(checker, schema, texts).items():
+        expected = validator.is_valid(json.loads(text))
+        assert set(verdicts.values()) == {expected}, f"{text}: valid={expected} under {validator.__class__.__name__}, judges {verdicts}"
+
+
+def test_draft_specific_refusals_name_their_pointer():
+    with pytest.raises(InvalidSchema, match="prefixItems") as info:
+        compile_schema({"$schema": D2020, "items": [{"type": "integer"}]})
+    assert info.value.pointer == "/items"
+    with pytest.raises(SchemaNotSupported, match="draft-03") as info:
+        compile_schema({"$schema": "http://json-schema.org/draft-03/schema#", "type": "integer"})
+    assert info.value.pointer == "/$schema"
+    with pytest.raises(SchemaNotSupported, match="custom meta-schema") as info:
+        compile_schema({"$schema": "https://example.com/my-meta", "type": "integer"})
+    assert info.value.pointer == "/$schema"
+    with pytest.raises(SchemaNotSupported) as info:  # if/then/else is a keyword from draft 7 on
+        compile_schema({"$schema": D7, "if": {"minimum": 3}, "then": {"maximum": 2}})
+    assert info.value.pointer == "/if"
+
+
+def test_no_schema_keyword_reads_2020_12_and_the_keywords_it_dropped():
+    """Without `$schema`: $ref siblings apply (2020-12), `dependencies` and `items: [...]` keep
+    their draft-7 meaning (2020-12 would ignore or refuse them)."""
+    sibling = {"$defs": {"r": {"type": "array"}}, "properties": {"foo": {"$ref": "#/$defs/r", "maxItems": 2}}}
+    assert not accepts(compile_schema(sibling), '{"foo":[1,2,3]}')
+    assert not accepts(compile_schema({"dependencies": {"bar": ["foo"]}}), '{"bar":1}')
+    assert not accepts(compile_schema({"items": [{"type": "integer"}], "additionalItems": False}), "[1,2]")
