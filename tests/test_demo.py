@@ -28,7 +28,19 @@ def test_demo_writes_report_table_and_plots(demo_report):
     assert "| D | structure |" in stdout and "Verdicts" in stdout
     assert set(rep["speedup"]["D"]) == {"off", "structure", "suffix"}
     assert rep["speedup"]["D"]["off"]["decode"] == pytest.approx(1.0)
-    assert [v["name"] for v in rep["verdicts"]] == ["P1", "R1", "R2", "R3", "R4"]
+    assert [v["name"] for v in rep["verdicts"]] == ["P1", "R1", "R2", "R3", "R4", "R5"]
+    verdicts = {v["name"]: v for v in rep["verdicts"]}
+    # the prose slice (arm A) gives F-class rounds: P1 and R1 decide, with numbers
+    for name in ("P1", "R1"):
+        assert verdicts[name]["status"] in ("pass", "rejected"), verdicts[name]["text"]
+        assert verdicts[name]["numbers"]["classes"]["F"]["rounds"] >= 20
+    assert {c["name"].split("/")[1] for c in verdicts["R5"]["numbers"]["checks"]} >= {"structure", "suffix"}
+    assert {r["arm"] for r in rep["runs"]} == {"A", "D"}
+    be = rep["breakeven"]
+    assert (be["w_s_star_exact"] is not None or be["w_s_star_exact_reason"]) and "w_s_star_approx" in be
+    md = (out / "report.md").read_text()
+    assert "## Predicted vs measured decode speedup" in md
+    assert md.rstrip().splitlines()[-1].startswith("- arm ")  # ends with the operator's decisions
     for key in ("platform", "versions", "model", "seed"):
         assert key in rep["meta"]
 
@@ -79,15 +91,20 @@ def test_demo_law_prediction_recomputes(demo_report):
     assert lw["kappa"] == fit["kappa"] and lw["rho_s"] == fit["rho"]["S"]
     structure = next(r for r in rep["runs"] if r["mode"] == "structure")
     pred = structure["predicted"]
-    params = law.LawParams(fit["kappa"], fit["delta"], fit["d"])
+    params = law.LawParams(fit["kappa"], pred["delta"], pred["d"])
     w = {c: structure["w"][c] or 0.0 for c in "SRF"}
     mix = law.ClassMix(w, fit["rho"])
     t = float(law.tau(pred["gamma"], law.eps_bar(params, mix)))
     assert pred["tau"] == pytest.approx(t)
-    assert pred["saving"] == pytest.approx(float(law.saving(pred["gamma"], t, fit["delta"], fit["d"])))
-    # rho of a class fitted without entropies is its per-position acceptance from the records
-    s = fit["acceptance"]["S"]
-    assert s["accepted"] <= s["drafted"] and fit["rho"]["S"] == pytest.approx(max(s["alpha"], 1e-3))
+    assert pred["saving_round"] == pytest.approx(float(law.saving(pred["gamma"], t, pred["delta"], pred["d"])))
+    check = pred["check"]  # the pass cost model's saving: 1 - t_spec / (t_off (1 + f tau))
+    f = check["draft_share"]
+    assert pred["saving"] == pytest.approx(1 - check["t_spec_s"] / (check["t_off_s"] * (1 + f * t)))
+    if fit["method"].startswith("rho = exp(-H)"):  # kappa fitted from the target's entropies (the default)
+        assert rep["meta"]["entropy_s"] <= 45 and fit["kappa_fit"]["ci_low"] <= fit["kappa"] <= fit["kappa_fit"]["ci_high"]
+    else:  # without entropies rho of a class is its per-position acceptance from the records
+        s = fit["acceptance"]["S"]
+        assert s["accepted"] <= s["drafted"] and fit["rho"]["S"] == pytest.approx(max(s["alpha"], 1e-3))
     assert rep["lossless"]["compared"] > 0
 
 

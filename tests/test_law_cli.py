@@ -163,3 +163,24 @@ def test_figures_have_labelled_axes_and_breakeven_marks():
     assert "schema share" in ax.get_xlabel() and "saving" in ax.get_ylabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert sum("exact" in t for t in labels) == 2 and any("small-eps" in t for t in labels)
+
+
+def test_saving_plot_labels_points_by_arm_mode_batch_and_draws_the_cost_model():
+    params = LawParams(0.64, 0.2, 0.01)
+    mix = ClassMix.from_shares(0.7, 0.3, 0.8, 0.42, 0.14)
+    pts = [{"arm": "D", "mode": "structure", "batch": 8, "gamma": 8, "w_s": 0.7, "saving": 0.45, "predicted": 0.5},
+           {"arm": "D", "mode": "suffix", "batch": 8, "gamma": 8, "w_s": 0.7, "saving": 0.4}]
+    fig = figure_saving_vs_w_s(params, mix, (8,), pts, {"gamma": 5, "draft_share": 0.6, "overhead": 0.02})
+    ax = fig.axes[0]
+    assert {t.get_text() for t in ax.texts} == {"D structure b8", "D suffix b8"}
+    curve = [ln for ln in ax.get_lines() if (ln.get_label() or "").startswith("pass cost model")]
+    assert len(curve) == 1 and "f=0.60" in curve[0].get_label()
+    # the curve is the pass-cost saving at w_S = 0.7
+    from agentspec_sdk.law import pass_cost_ratio, tau_vs_w_s
+
+    x, y = curve[0].get_xdata(), curve[0].get_ydata()
+    i = int(np.argmin(abs(x - 0.7)))
+    t = tau_vs_w_s(params, mix, 5, x[i])
+    assert y[i] == pytest.approx(1 - float(pass_cost_ratio(t, 1.0, 1.0 + 0.02 + 0.6 * 5 * 0.21, 0.6)))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "predicted for that run" in labels

@@ -23,9 +23,11 @@ from agentspec_sdk.law.closed_forms import (
     check_mismatch,
     eps_bar,
     mismatch,
+    pass_cost_ratio,
     saving_vs_w_s,
     schema_ceiling,
     tau,
+    tau_vs_w_s,
 )
 
 CLASS_STYLE = {"S": ("tab:blue", "S (schema-bound)"), "R": ("tab:orange", "R (reasoning)"),
@@ -72,9 +74,22 @@ def figure_tau_by_class(params: LawParams, mix: ClassMix, gamma_max: int = 16,
     return fig
 
 
+def _point_label(p: Mapping) -> str:
+    parts = [str(p[k]) for k in ("arm", "mode") if k in p]
+    if "batch" in p:
+        parts.append(f"b{p['batch']}")
+    return " ".join(parts)
+
+
 def figure_saving_vs_w_s(params: LawParams, mix: ClassMix, gammas: Sequence[int] = (8,),
-                         measured: Sequence[Mapping] | None = None):
-    """Net saving s against the schema share w_S (R:F ratio and rho fixed), breakevens marked."""
+                         measured: Sequence[Mapping] | None = None, model_curve: Mapping | None = None):
+    """Net saving s against the schema share w_S (R:F ratio and rho fixed), breakevens marked.
+
+    `model_curve` ({"gamma", "draft_share", "overhead"}): also draw the saving the pass cost model
+    predicts, s = 1 - (1 + o + f gamma (delta + d)) / (1 + f tau(w_S)), with f the share of
+    row-passes that draft and o the proposer's fixed cost per pass (law.pass_cost_ratio). Measured
+    points are labelled by arm, mode and batch; a point's `predicted` saving is drawn as a hollow
+    circle joined to it."""
     check_mismatch(params, mix)
     w = np.linspace(0.0, 1.0, 201)
     fig = _figure()
@@ -97,16 +112,30 @@ def figure_saving_vs_w_s(params: LawParams, mix: ClassMix, gammas: Sequence[int]
         ceiling = schema_ceiling(g, params.delta, params.d)
         ax.axhline(ceiling.saving, color=color, linestyle=":", linewidth=1,
                    label=f"schema ceiling s={ceiling.saving:.3f}")
+    if model_curve:
+        g = int(model_curve["gamma"])
+        f = float(model_curve.get("draft_share") or 1.0)
+        o = float(model_curve.get("overhead") or 0.0)
+        t = tau_vs_w_s(params, mix, g, w)
+        ratio = pass_cost_ratio(t, 1.0, 1.0 + o + f * g * (params.delta + params.d), f)
+        ax.plot(w, 1.0 - ratio, color="black", linewidth=2, linestyle="-.",
+                label=f"pass cost model: gamma={g} drafted, f={f:.2f} drafting, overhead={o:.3f}")
     pts = _points(measured)
     if pts:
         color_of = {g: colors[i % len(colors)] for i, g in enumerate(gammas)}
         ax.scatter([p["w_s"] for p in pts], [p["saving"] for p in pts], marker="D", s=50,
                    c=[color_of.get(p.get("gamma"), "black") for p in pts], edgecolors="black",
                    zorder=5, label="measured (colour = gamma)")
+        pred = [p for p in pts if p.get("predicted") is not None]
+        if pred:
+            ax.scatter([p["w_s"] for p in pred], [p["predicted"] for p in pred], marker="o", s=50,
+                       facecolors="none", edgecolors="black", zorder=5, label="predicted for that run")
+            for p in pred:
+                ax.plot([p["w_s"], p["w_s"]], [p["saving"], p["predicted"]], color="0.5", linewidth=0.8)
         for p in pts:
-            if "arm" in p:
-                ax.annotate(str(p["arm"]), (p["w_s"], p["saving"]), textcoords="offset points",
-                            xytext=(5, 5), fontsize=8)
+            label = _point_label(p)
+            if label:
+                ax.annotate(label, (p["w_s"], p["saving"]), textcoords="offset points", xytext=(5, 5), fontsize=7)
     ax.set_xlim(0.0, 1.0)
     ax.set_xlabel("schema share w_S")
     ax.set_ylabel("net saving s = 1 - c_net / c_1")
@@ -150,9 +179,12 @@ def write_plots(out_dir: str | Path, params: LawParams, mix: ClassMix, gamma: in
     out.mkdir(parents=True, exist_ok=True)
     report = report or {}
     gammas = sorted({gamma, *(int(p["gamma"]) for p in _points(report.get("measured")) if "gamma" in p)})
+    be = report.get("breakeven") or {}
+    curve = ({"gamma": be["gamma_drafted"], "draft_share": be.get("draft_share"), "overhead": be.get("overhead")}
+             if be.get("gamma_drafted") else None)
     figures = {
         "tau_by_class.png": figure_tau_by_class(params, mix, gamma_max, report.get("tau_by_class")),
-        "saving_vs_schema_share.png": figure_saving_vs_w_s(params, mix, gammas, report.get("measured")),
+        "saving_vs_schema_share.png": figure_saving_vs_w_s(params, mix, gammas, report.get("measured"), curve),
     }
     paths = []
     for name, fig in figures.items():

@@ -89,6 +89,9 @@ def _execute(plan, out: Path, desc: str) -> dict:
     return report
 
 
+DEMO_ENTROPY_TOKENS = 20_000  # prompt + output tokens the demo's kappa fit scores (docs/replay.md: ≈ 30 s here)
+
+
 def demo(out: OUT = Path("agentspec-demo"),
          quick: Annotated[bool, typer.Option("--quick", help="fewer episodes and turns, shorter outputs (≈2 min)")] = False,
          episodes: Annotated[int | None, typer.Option("--episodes", help="bundled episodes to replay")] = None,
@@ -99,7 +102,10 @@ def demo(out: OUT = Path("agentspec-demo"),
          traces: Annotated[Path | None, typer.Option("--traces", help="trace file (default: bundled)")] = None,
          entropies: Annotated[bool, typer.Option("--entropies/--no-entropies",
                                                  help="score the off outputs with the model in transformers "
-                                                      "afterwards (kappa fitted; ≈ 20 s)")] = False,
+                                                      f"afterwards (kappa fitted; at most {DEMO_ENTROPY_TOKENS} "
+                                                      "tokens, ≈ 30 s)")] = True,
+         prose: Annotated[int | None, typer.Option("--prose", help="arm-A prose prompts beside the agent "
+                                                   "traces (F-class rounds for P1/R1; 0 = none)")] = None,
          eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Replay the bundled BFCL agent traces with speculation off / structure / ngram and report."""
     from agentspec_sdk.replay.arms import build_arm
@@ -110,9 +116,12 @@ def demo(out: OUT = Path("agentspec-demo"),
                                                else ["off", "structure", "ngram", "suffix"])
         arm = build_arm("D", episodes or (4 if quick else 8), max_tokens=max_tokens or (64 if quick else 128),
                         trace_path=traces, max_segments=1 if quick else 2)
-        plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=[arm], batches=[batch],
+        n_prose = (2 if quick else 4) if prose is None else prose
+        # a short prose slice (arm A, real passages as the bench uses): the F class P1 and R1 compare
+        arms = [arm] + ([build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else [])
+        plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
-                    entropies=entropies,
+                    entropies=entropies, entropy_tokens=DEMO_ENTROPY_TOKENS,
                     meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
         _execute(plan, out, "demo")
     except AgentSpecError as err:

@@ -394,7 +394,8 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
             r["predicted_error"] = r["predicted"].get("check", {}).get("error")
         if r["mode"] != "off" and r["saving_measured"] is not None and r["w"]["S"] is not None:
             measured.append({"arm": r["arm"], "mode": r["mode"], "gamma": r["gamma"], "batch": r["batch"],
-                             "w_s": r["w"]["S"], "saving": r["saving_measured"]})
+                             "w_s": r["w"]["S"], "saving": r["saving_measured"],
+                             "predicted": (r.get("predicted") or {}).get("saving")})
         if r["batch"] == primary["batch"] and (r["mode"] == "off" or r["gamma"] == gamma) and r["prefix_cache"]:
             speedup.setdefault(r["arm"], {})[r["mode"]] = {
                 "decode": r["speedup_decode"], "e2e": r["speedup_e2e"], "decode_tok_s": r["decode_tok_s"],

@@ -37,6 +37,7 @@ class Plan:
     latency_scale: float = 1.0
     enforce_eager: bool = True  # skip torch.compile: ~15 s per engine start instead of ~90 s here
     entropies: bool = False  # after the timed runs: the target's next-token entropies per class (kappa fit)
+    entropy_tokens: int | None = None  # prompt + output tokens scored at most (None: target_entropy's default)
     meta: dict = field(default_factory=dict)
 
     def expected_turns(self) -> int:
@@ -242,8 +243,11 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
                 on_status("entropies of the target per class")
             t0 = time.perf_counter()
             try:
-                entropies.update(class_entropies(plan.model, [log for (key, mode), ls in logs.items()
-                                                              if mode == "off" for log in ls]))
+                # shortest turns first: under a token bound every class (a prose slice too) gets scored
+                off_logs = sorted((log for (key, mode), ls in logs.items() if mode == "off" for log in ls),
+                                  key=lambda log: len(log.prompt_ids) + len(log.token_ids))
+                bound = {"max_tokens": plan.entropy_tokens} if plan.entropy_tokens else {}
+                entropies.update(class_entropies(plan.model, off_logs, **bound))
             except Exception as exc:  # the timed results stand without them; the report says why
                 meta["entropy_error"] = f"{type(exc).__name__}: {exc}"
             meta["entropy_s"] = time.perf_counter() - t0
