@@ -137,6 +137,7 @@ def bench(out: OUT = Path("agentspec-bench"),
           n: Annotated[int, typer.Option("--n", help="prompts (episodes) per arm")] = 8,
           max_tokens: Annotated[int, typer.Option("--max-tokens")] = 128,
           max_segments: Annotated[int | None, typer.Option("--max-segments", help="user turns per arm-D episode")] = 2,
+          traces: Annotated[Path | None, typer.Option("--traces", help="arm-D trace file (default: bundled)")] = None,
           prefix_check: Annotated[bool, typer.Option("--prefix-check/--no-prefix-check",
                                                      help="R3: also run off/structure without prefix caching")] = True,
           primary_gamma: Annotated[int, typer.Option("--primary-gamma")] = 8,
@@ -161,7 +162,8 @@ def bench(out: OUT = Path("agentspec-bench"),
                 configs.append(EngineConfig(m, g))
         if prefix_check:
             configs += [EngineConfig(m, primary_gamma, prefix_cache=False) for m in ("off", "structure")]
-        arm_list = [build_arm(a, n, max_tokens=max_tokens, max_segments=max_segments) for a in _csv(arms)]
+        arm_list = [build_arm(a, n, max_tokens=max_tokens, max_segments=max_segments,
+                              trace_path=traces if a == "D" else None) for a in _csv(arms)]
         plan = Plan(configs=configs, arms=arm_list, batches=batch_list,
                     primary={"batch": max(batch_list), "gamma": primary_gamma}, model=model, seed=seed,
                     enforce_eager=eager, entropies=entropies,
@@ -169,7 +171,8 @@ def bench(out: OUT = Path("agentspec-bench"),
                         "A": "CPython reference text, stdlib pydoc_data.topics",
                         "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",
                         "C": "bfcl-eval BFCL_v4_simple_python calculation questions, solved step by step",
-                        "D": "bundled BFCL multi-turn traces (recorded with agentspec record)"}})
+                        "D": f"{traces or 'bundled BFCL multi-turn traces'} (recorded with agentspec record)"},
+                          "traces": str(traces or "bundled")})
         report = _execute(plan, out, "bench")
         _headline(report)
     except AgentSpecError as err:
