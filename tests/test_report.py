@@ -15,6 +15,7 @@ from agentspec_sdk.replay.report import (
     build_report,
     composition_checks,
     markdown,
+    mean_pass,
     pass_table,
     summarize,
     write_report,
@@ -135,6 +136,16 @@ def test_engine_passes_are_joined_with_the_proposer_steps():
         assert table[j]["drafted"] == steps[j - 1]["drafted"]
         assert table[j]["drafted_s"] == steps[j - 1]["drafted_s"]
         assert table[j - 1]["proposer_s"] == pytest.approx(steps[j - 1]["proposer_s"])
+
+
+def test_mean_pass_is_what_decoding_rows_see():
+    # a request's own first-token pass (with its prefill) is its prefill time, not decode time
+    table = [{"s": 0.1, "rows": 2, "new": 0, "prefill": 0}, {"s": 0.5, "rows": 3, "new": 1, "prefill": 900},
+             {"s": 0.1, "rows": 1, "new": 1, "prefill": 300}]
+    m = mean_pass(table)
+    assert m["row_passes"] == 4 and m["passes"] == 2  # the last pass had no row already decoding
+    assert m["s"] == pytest.approx((2 * 0.1 + 2 * 0.5) / 4) and m["prefill"] == pytest.approx(2 * 900 / 4)
+    assert mean_pass([{"s": 0.1, "rows": 1, "new": 1}]) is None
 
 
 def test_report_fits_the_pass_cost_model_and_checks_each_prediction():

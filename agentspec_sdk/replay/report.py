@@ -153,12 +153,13 @@ def passes_from_steps(steps: Iterable[Mapping]) -> list[dict]:
 
 
 def mean_pass(table: Iterable[Mapping]) -> dict | None:
-    """The pass a row sees on average (each pass weighted by its rows, as per-sequence decode time
-    counts it): mean rows, drafted, ..., seconds; `row_passes` = rows summed over passes."""
-    table = [p for p in table if p.get("rows", 0) > 0]
+    """The pass a decoding row sees on average (each pass weighted by its rows that were already
+    decoding, as per-sequence decode time counts it: a request's own first-token pass is its prefill,
+    `new` in the pass log): mean rows, drafted, ..., seconds; `row_passes` = those rows summed."""
+    table = [p for p in table if p.get("rows", 0) - p.get("new", 0) > 0]
     if not table:
         return None
-    w = np.array([p["rows"] for p in table], dtype=float)
+    w = np.array([p["rows"] - p.get("new", 0) for p in table], dtype=float)
     out = {k: float(np.average([float(p.get(k, 0) or 0) for p in table], weights=w))
            for k in (*COST_KEYS, "s", "proposer_s")}
     out["passes"], out["row_passes"] = len(table), int(w.sum())
