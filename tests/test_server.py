@@ -45,10 +45,13 @@ def test_structure_command_points_vllm_at_our_proposer(tmp_path):
     assert _flag(args, "--per-request-spec-decode-metrics") == "detailed"
     assert "--enable-prefix-caching" in args and "--enable-per-request-metrics" in args
     assert _flag(args, "--model") == "/models/m" and _flag(args, "--port") == "8123"
-    assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve())}
+    assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve()),
+                          "PROMETHEUS_MULTIPROC_DIR": str(spec.multiproc_dir())}  # agentspec:* on /metrics
+    assert ServerSpec(model="m", speculation="ngram").env() == {}  # no proposer: vLLM's own collection
+    assert "PROMETHEUS_MULTIPROC_DIR" not in ServerSpec(model="m", plan_path=tmp_path / "p.json", metrics=False).env()
     line = spec.shell_line()
     assert line.startswith(f"AGENTSPEC_PLAN={(tmp_path / 'plan.json').resolve()} ")
-    assert shlex.split(line)[1:] == spec.command()  # what is printed is what runs
+    assert shlex.split(line)[len(spec.env()):] == spec.command()  # what is printed is what runs
 
 
 def test_other_modes_and_bad_settings():
@@ -115,7 +118,7 @@ def test_serve_dry_run_writes_the_plan_and_prints_the_command(tmp_path):
     assert [f["name"] for f in loaded.formats] == ["tool_calls", "react"]
     assert [t["function"]["name"] for t in loaded.tools] == ["get_weather"]
     assert loaded.gamma_max == 5 and loaded.tokenizer == str(tmp_path)
-    assert loaded.records_path and loaded.records_path.endswith("plan.records.jsonl")
+    assert loaded.records_path is None  # metrics on: no records file unless --records
     line = next(x for x in out.output.splitlines() if "AGENTSPEC_PLAN=" in x)
     argv = shlex.split(line)
     assert argv[0] == f"AGENTSPEC_PLAN={plan.resolve()}" and argv[-1] == "--enforce-eager"
@@ -131,6 +134,42 @@ def test_serve_rejects_bad_input(tmp_path):
     assert out.exit_code == 2 and "missing.json" in out.output
     out = CliRunner().invoke(_cli(), base + ["--speculation", "medusa"])
     assert out.exit_code == 2 and "speculation must be" in out.output
+
+
+def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    base = ["serve", "--model", str(tmp_path), "--dry-run"]
+    out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "a.json")])
+    assert out.exit_code == 0, out.output
+    assert DraftPlan.load(tmp_path / "a.json").records_path is None and "proposer records: off" in out.output
+    assert "PROMETHEUS_MULTIPROC_DIR=" in out.output
+    out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "b.json"), "--records", str(tmp_path / "r.jsonl"),
+                                             "--records-max-mb", "2"])
+    plan = DraftPlan.load(tmp_path / "b.json")
+    assert plan.records_path == str((tmp_path / "r.jsonl").resolve()) and plan.records_max_bytes == 2 << 20
+    out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "c.json"), "--no-metrics"])
+    assert DraftPlan.load(tmp_path / "c.json").records_path.endswith("c.records.jsonl")
+    assert "PROMETHEUS_MULTIPROC_DIR=" not in out.output
+    out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "d.json"), "--records-max-mb", "0"])
+    assert out.exit_code == 2 and "--records-max-mb" in out.output
+
+
+def test_a_port_in_use_is_named_before_vllm_starts(tmp_path):
+    """Something (not HTTP) listens on the port: `agentspec serve` says so at once, no vLLM started."""
+    (tmp_path / "config.json").write_text("{}")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path), "--plan", str(tmp_path / "p.json"),
+                                          "--port", str(port)])
+        elapsed = time.monotonic() - started
+        with pytest.raises(BackendError, match=f"port {port} on 127.0.0.1 is already in use"):
+            ServerProcess(ServerSpec(model="m", speculation="off", port=port)).start()
+    assert out.exit_code == 2 and f"port {port} on 127.0.0.1 is already in use" in out.output, out.output
+    assert "/metrics" in out.output and elapsed < 20  # refused before vLLM (a minute to start) runs
+    assert "serving on" not in out.output
 
 
 def test_stopping_serve_stops_the_server_it_started(tmp_path, monkeypatch):

@@ -13,7 +13,9 @@ stream restarts after a failure, the events already delivered are not delivered 
 
 Acceptance per request comes from the response (`metrics.speculative_decoding`, switched on by
 `--per-request-spec-decode-metrics`); per law class from the proposer's records file when the client
-can read it (`records_path`: a local server, or a shared volume). See docs/deployment.md.
+can read it (`records_path`: a local server, or a shared volume). Server-wide acceptance per class,
+kind and source comes from the `agentspec:*` families on the server's /metrics (`stats()["proposer"]`).
+See docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ class RemoteEngine:
         self._totals = {"requests": 0, "errors": 0, "output_tokens": 0, "attempts": 0, "retries": 0,
                         "vllm_request_drafted": 0, "vllm_request_accepted": 0}
         self._acceptance: dict[str, dict[str, int]] = {}
-        self._counters_at_start = self._spec_counters(quiet=True)
+        self._counters_at_start, self._agentspec_at_start = self._scrape(quiet=True)
         self._closed = False
 
     @classmethod
@@ -508,16 +510,23 @@ class RemoteEngine:
             out = {"server": self.root, **self._totals,
                    "acceptance": {k: dict(v) for k, v in self._acceptance.items()},
                    "idle_s": dict(self._idle_s), "idle_agents": sorted(self._idle_since)}
-        now = self._spec_counters(quiet=True)
+        from agentspec_sdk.backends.prom_metrics import subtract, summarize
+
+        now, ours = self._scrape(quiet=True)
         if now:
             base = self._counters_at_start or {}
             if any(now[k] < base.get(k, 0.0) for k in now):  # counters reset: a server restarted
                 base, out["vllm_restarted"] = {}, True
             out["vllm"] = {k: int(now[k] - base.get(k, 0.0)) for k in now}
+        if ours:  # the proposer's own counters since this client started (agentspec:* on /metrics)
+            base = self._agentspec_at_start or {}
+            if any(v < base.get(k, 0.0) for k, v in ours.items()):
+                base, out["proposer_restarted"] = {}, True
+            out["proposer"] = summarize(subtract(ours, base))
         if self._records is not None:
             with self._lock:
                 self._records.poll()
-                out["proposer"] = self._records.proposer_stats()
+                out["proposer" if not ours else "proposer_records"] = self._records.proposer_stats()
         return out
 
     def close(self) -> None:
@@ -554,7 +563,15 @@ class RemoteEngine:
             raise MalformedResponse(f"malformed response: {path} is not JSON") from None
 
     def _spec_counters(self, quiet: bool = False) -> dict[str, float]:
+        return self._scrape(quiet)[0]
+
+    def _scrape(self, quiet: bool = False) -> tuple[dict[str, float], dict[tuple, float]]:
+        """vLLM's spec-decode counters and the proposer's agentspec:* counters, summed over
+        `metrics_urls` (one GET of /metrics each)."""
+        from agentspec_sdk.backends.prom_metrics import parse_agentspec
+
         total: dict[str, float] = {}
+        ours: dict[tuple, float] = {}
         for url in self.metrics_urls:
             try:
                 resp = self.http.get(url + "/metrics")
@@ -564,7 +581,13 @@ class RemoteEngine:
                 raise BackendError(f"GET {url}/metrics failed: {exc}") from exc
             for k, v in parse_prometheus(resp.text).items():
                 total[k] = total.get(k, 0.0) + v
-        return total
+            try:
+                parsed = parse_agentspec(resp.text)
+            except ValueError:  # not a Prometheus page (a router's): vLLM's counters may still be there
+                parsed = {}
+            for k, v in parsed.items():
+                ours[k] = ours.get(k, 0.0) + v
+        return total, ours
 
     def check(self, *, speculation: bool = True) -> dict:
         """Server reachable, model served, speculation on with per-request metrics, grammars honoured.
@@ -584,6 +607,7 @@ class RemoteEngine:
                                    "the --speculative-config it prints)")
             report["spec_counters"] = counters
         steps_before = self._proposer_steps()
+        metric_steps_before = self._metric_steps()
         from agentspec_sdk.backends.vllm_engine import TurnRequest
 
         probe = TurnRequest(messages=[{"role": "user", "content": "Reply with one word."}], fmt="tool_calls",
@@ -603,6 +627,12 @@ class RemoteEngine:
                                    "(metrics.speculative_decoding): start it with "
                                    "--per-request-spec-decode-metrics detailed")
             report["per_request_metrics"] = True
+        if metric_steps_before is not None:  # agentspec:* on /metrics: our proposer is in there
+            metric_steps_after = self._metric_steps() or 0
+            if metric_steps_after <= metric_steps_before:
+                raise BackendError(f"the AgentSpec proposer is not running in {self.root}: "
+                                   "agentspec:proposer_seconds_count on /metrics did not grow during a request")
+            report["proposer"] = {"steps": int(metric_steps_after), "source": "metrics"}
         if self._records is not None:
             steps_after = self._proposer_steps()
             if steps_after <= steps_before:
@@ -610,8 +640,13 @@ class RemoteEngine:
                                    f"file {self._records.path} did not grow during a request (is the "
                                    "server's --speculative-config method custom_class, and its "
                                    "AGENTSPEC_PLAN the plan naming this records file?)")
-            report["proposer"] = {"steps": steps_after}
+            report.setdefault("proposer", {"steps": steps_after, "source": "records"})
         return report
+
+    def _metric_steps(self) -> float | None:
+        """The proposer's step count summed over `metrics_urls`; None where no agentspec:* metrics."""
+        ours = self._scrape(quiet=True)[1]
+        return ours.get(("steps",), 0.0) if ours else None
 
     def _proposer_steps(self) -> int:
         if self._records is None:

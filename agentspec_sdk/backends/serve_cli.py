@@ -15,7 +15,7 @@ from agentspec_sdk.errors import AgentSpecError
 
 
 def write_plan(model: str, plan_path: Path, *, tools_file: Path | None = None, formats: str | None = None,
-               gamma_max: int = 8, records_path: Path | None = None) -> Path:
+               gamma_max: int = 8, records_path: Path | None = None, records_max_bytes: int | None = None) -> Path:
     """The plan the proposer inside the server reads (AGENTSPEC_PLAN)."""
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.structure.formats import format_names, get_format
@@ -29,7 +29,8 @@ def write_plan(model: str, plan_path: Path, *, tools_file: Path | None = None, f
             raise AgentSpecError(f"cannot read tools file {tools_file}: {exc}") from None
     plan = DraftPlan(formats=load_formats(formats) if formats else [get_format(n) for n in format_names()],
                      tools=tools.openai_tools(), tokenizer=model, gamma_max=gamma_max,
-                     records_path=str(records_path.resolve()) if records_path else None)
+                     records_path=str(Path(records_path).resolve()) if records_path else None,
+                     records_max_bytes=records_max_bytes)
     return plan.save(plan_path)
 
 
@@ -58,7 +59,14 @@ def serve(
     max_model_len: Annotated[int, typer.Option("--max-model-len")] = 4096,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", help="where to write the plan (default: cache)")] = None,
-    records: Annotated[Path | None, typer.Option("--records", help="proposer records JSONL (default: beside the plan)")] = None,
+    records: Annotated[Path | None, typer.Option("--records", help="proposer records JSONL (default: none with "
+                                                 "--metrics, else beside the plan)")] = None,
+    records_max_mb: Annotated[float, typer.Option("--records-max-mb", help="rotate the records file past this "
+                                                  "size (one old file kept)")] = 64.0,
+    metrics: Annotated[bool, typer.Option("--metrics/--no-metrics", help="agentspec:* Prometheus metrics on the "
+                                          "server's /metrics")] = True,
+    status: Annotated[str | None, typer.Option("--status", help="print a running server's acceptance from its "
+                                               "/metrics (URL) and exit")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="write the plan, print the command, do not run it")] = False,
     vllm_args: Annotated[list[str] | None, typer.Argument(help="extra `vllm serve` arguments (after --)")] = None,
@@ -68,23 +76,82 @@ def serve(
     from agentspec_sdk.backends.server import ServerProcess, ServerSpec
 
     try:
+        if status is not None:
+            typer.echo(server_status(status))
+            return
+        if not 0.004 <= records_max_mb:
+            raise AgentSpecError(f"--records-max-mb must be at least 0.004 (4 KiB), got {records_max_mb:g}")
         model_path = resolve_model(model)
         plan_path = None
         if speculation == "structure":
             plan_path = (plan or cache_dir() / "serve" / f"plan-{port}.json").resolve()
-            records_path = records or plan_path.with_name(plan_path.stem + ".records.jsonl")
+            records_path = records or (None if metrics else plan_path.with_name(plan_path.stem + ".records.jsonl"))
             write_plan(model_path, plan_path, tools_file=tools, formats=formats, gamma_max=gamma_max,
-                       records_path=records_path)
-            typer.echo(f"# plan: {plan_path}\n# proposer records: {records_path.resolve()}", err=True)
+                       records_path=records_path, records_max_bytes=int(records_max_mb * (1 << 20)))
+            where = (f"{records_path.resolve()} (rotated at {records_max_mb:g} MiB)" if records_path else
+                     "off (--records PATH to keep them)")
+            typer.echo(f"# plan: {plan_path}\n# proposer records: {where}", err=True)
         spec = ServerSpec(model=model_path, host=host, port=port, speculation=speculation, gamma_max=gamma_max,
                           plan_path=plan_path, served_model_name=served_model_name,
-                          max_model_len=max_model_len, seed=seed, extra_args=list(vllm_args or []))
+                          max_model_len=max_model_len, seed=seed, extra_args=list(vllm_args or []),
+                          metrics=metrics)
         typer.echo(spec.shell_line())
         if dry_run:
             return
+        proc = ServerProcess(spec).start()  # a port in use is refused here, before vLLM runs
+        if spec.multiproc_dir() is not None:
+            typer.echo(f"# metrics: {spec.base_url}/metrics (agentspec:* beside vllm:*; "
+                       f"{spec.multiproc_dir()} is emptied at every start)", err=True)
         typer.echo(f"# serving on {spec.base_url}/v1 (Ctrl-C stops)", err=True)
-        code = ServerProcess(spec).start().wait()
+        code = proc.wait()
     except AgentSpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def server_status(url: str) -> str:
+    """A running server's speculation, from its /metrics: vLLM's counters and the proposer's per class."""
+    import re
+
+    import httpx
+
+    from agentspec_sdk.backends.openai_backend import parse_prometheus
+    from agentspec_sdk.backends.prom_metrics import parse_agentspec, summarize
+
+    if not re.match(r"^https?://[^/\s]+", url or ""):
+        raise AgentSpecError(f"--status needs the server's URL (http://host:port), got {url!r}")
+    root = re.sub(r"/v1/?$", "", url.rstrip("/"))
+    try:
+        resp = httpx.get(root + "/metrics", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise AgentSpecError(f"cannot read {root}/metrics: {exc}") from None
+    if resp.status_code != 200:
+        raise AgentSpecError(f"{root}/metrics answered HTTP {resp.status_code}")
+    vllm = parse_prometheus(resp.text)
+    ours = parse_agentspec(resp.text)
+    lines = [f"server {root}"]
+    if vllm:
+        d, a = int(vllm["num_draft_tokens"]), int(vllm["num_accepted_tokens"])
+        lines.append(f"vLLM speculation: {a} of {d} draft tokens accepted ({_pct(a, d)}) over "
+                     f"{int(vllm['num_drafts'])} verify steps")
+    else:
+        lines.append("vLLM speculation: off (no vllm:spec_decode_* counters)")
+    if not ours:
+        lines.append("AgentSpec proposer: no agentspec:* metrics (not our proposer, or started without "
+                     "PROMETHEUS_MULTIPROC_DIR: use `agentspec serve`)")
+        return "\n".join(lines)
+    s = summarize(ours)
+    lines.append(f"AgentSpec proposer: {s['steps']} steps, {s['rows']} rows, {s['proposer_s']:.3f} s "
+                 f"({100 * s['proposer_share']:.1f} % of busy step time), errors {s['errors']}")
+    lines.append(f"{'class':<8}{'rounds':>8}{'drafted':>10}{'accepted':>10}{'alpha':>8}")
+    for cls, row in s["by_class"].items():
+        lines.append(f"{cls:<8}{row['rounds']:>8}{row['drafted']:>10}{row['accepted']:>10}{row['alpha']:>8.3f}")
+    lines.append("by source: " + ", ".join(f"{k} {v['accepted']}/{v['drafted']}" for k, v in s["by_source"].items()))
+    lines.append("budget withheld tokens: " + (", ".join(f"{k} {v}" for k, v in s["withheld"].items()) or "0")
+                 + "; gated rows: " + (", ".join(f"{k} {v}" for k, v in s["gated"].items()) or "0"))
+    return "\n".join(lines)
+
+
+def _pct(a: int, d: int) -> str:
+    return f"{100 * a / d:.1f} %" if d else "n/a"

@@ -12,8 +12,10 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +29,7 @@ Speculation = Literal["structure", "ngram", "suffix", "off"]
 SERVER_SPECULATION = ("structure", "ngram", "suffix", "off")
 PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
 PLAN_ENV = "AGENTSPEC_PLAN"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 
@@ -104,6 +107,10 @@ class ServerSpec:
     # processes), vLLM's own sizing on GPU.
     kv_cache_bytes: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    # The proposer's Prometheus metrics on the server's /metrics (structure only): vLLM's multiprocess
+    # collection over this directory, emptied before every start (backends/prom_metrics.py).
+    metrics: bool = True
+    metrics_dir: Path | None = None  # None: <tmp>/agentspec-prom-<port>
 
     def __post_init__(self) -> None:
         if self.speculation not in SERVER_SPECULATION:
@@ -175,13 +182,43 @@ class ServerSpec:
 
     def env(self) -> dict[str, str]:
         """Environment variables the server needs on top of the caller's."""
-        return {PLAN_ENV: str(Path(self.plan_path).resolve())} if self.plan_path else {}
+        env = {PLAN_ENV: str(Path(self.plan_path).resolve())} if self.plan_path else {}
+        if self.multiproc_dir() is not None:
+            env[MULTIPROC_ENV] = str(self.multiproc_dir())
+        return env
+
+    def multiproc_dir(self) -> Path | None:
+        """PROMETHEUS_MULTIPROC_DIR for this server, or None without the proposer's metrics."""
+        if not (self.metrics and self.speculation == "structure"):
+            return None
+        return Path(self.metrics_dir or Path(tempfile.gettempdir()) / f"agentspec-prom-{self.port}").resolve()
 
     def shell_line(self) -> str:
         """The command an operator pastes into a shell, unit file or container spec."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env().items())
         line = shlex.join(self.command())
         return f"{env} {line}" if env else line
+
+
+def check_port_free(host: str, port: int) -> None:
+    """The server's port (its API and its /metrics) must be free before vLLM spends a minute starting."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds it
+            sock.bind((host or "0.0.0.0", port))
+    except OSError as exc:
+        raise BackendError(f"port {port} on {host or '0.0.0.0'} is already in use (the server's API and its "
+                           f"/metrics would listen there): {exc.strerror or exc}; choose another --port") from None
+
+
+def fresh_metrics_dir(path: Path | None) -> None:
+    """vLLM: the multiprocess directory 'must be wiped between vLLM runs or you will find inaccurate
+    metrics' (a restarted server would add the dead one's counts)."""
+    if path is None:
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):  # prometheus_client's per-process files, nothing else
+        stale.unlink()
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -213,6 +250,8 @@ class ServerProcess:
             raise BackendError(f"server already running (pid {self.proc.pid})")
         if http_ok(self.base_url + "/health"):
             raise BackendError(f"port {self.spec.port} on {self.spec.host} already serves something")
+        check_port_free(self.spec.host, self.spec.port)
+        fresh_metrics_dir(self.spec.multiproc_dir())
         env = {**os.environ, **self.spec.env()}
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:

@@ -5,15 +5,21 @@ history length `position` and fingerprint `prefix_hash` where it starts), "round
 resolution of its previous draft, used for its online acceptance) and "step" (rows, proposer seconds,
 errors). A finished request claims the drafts whose `(position, prefix_hash)` lie on its token history
 and settles each against the final tokens: accepted = common prefix of draft and what followed.
+
+The proposer rotates the file at the plan's `records_max_bytes` (renamed to `<name>.1`); the tail
+follows by inode: it finishes the renamed file from where it stopped, then reads the new one. A file
+rotated twice between two polls loses the middle one (`lost_rotations` counts them); each claim polls.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import OrderedDict, defaultdict, deque
 from pathlib import Path
 
 from agentspec_sdk.drafting.fingerprint import prefix_hashes
+from agentspec_sdk.drafting.records import rotated_path
 
 MAX_OPEN_DRAFTS = 200_000  # drafts not yet claimed by a finished request (aborted ones age out)
 MAX_STEP_LOG = 1_000_000
@@ -27,6 +33,8 @@ class RecordsTail:
         self.path = Path(path)
         self._offset = 0
         self._partial = b""
+        self._inode: int | None = None
+        self.lost_rotations = 0
         self._drafts: OrderedDict[tuple[int, int], dict] = OrderedDict()
         self.steps = 0
         self.rows = 0
@@ -39,11 +47,39 @@ class RecordsTail:
 
     def poll(self) -> None:
         try:
-            with self.path.open("rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
+            fh = self.path.open("rb")
         except FileNotFoundError:
             return
+        with fh:
+            inode = os.fstat(fh.fileno()).st_ino
+            if self._inode is not None and inode != self._inode:  # rotated since the last poll
+                self._finish_rotated()
+                self._offset, self._partial = 0, b""
+            self._inode = inode
+            if os.fstat(fh.fileno()).st_size < self._offset:  # truncated in place: start again
+                self._offset, self._partial = 0, b""
+            fh.seek(self._offset)
+            data = fh.read()
+        self._feed(data)
+
+    def _finish_rotated(self) -> None:
+        """The rest of the file we were reading, now at `<name>.1` (unless rotated away again)."""
+        try:
+            with rotated_path(self.path).open("rb") as old:
+                if os.fstat(old.fileno()).st_ino != self._inode:
+                    self.lost_rotations += 1
+                    return
+                old.seek(self._offset)
+                data = old.read()
+        except FileNotFoundError:
+            self.lost_rotations += 1
+            return
+        self._feed(data)
+        if self._partial.strip():
+            self._take(json.loads(self._partial))
+        self._partial = b""
+
+    def _feed(self, data: bytes) -> None:
         if not data:
             return
         self._offset += len(data)
@@ -111,7 +147,7 @@ class RecordsTail:
                      for (cls, src), (r, d, a) in sorted(self.rounds.items())}
         return {"steps": self.steps, "rows": self.rows, "drafted": self.drafted,
                 "proposer_s": self.proposer_s, "errors": self.errors, "batch_errors": self.batch_errors,
-                "resolved_rounds": by_source}
+                "resolved_rounds": by_source, "lost_rotations": self.lost_rotations}
 
 
 def settle_last_round(records: list[dict], num_output: int, spec: dict | None) -> None:

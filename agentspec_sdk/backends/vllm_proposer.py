@@ -8,6 +8,10 @@ The plan (formats, tools, law parameters, records file) comes from the file name
 Besides the drafter's own round/step lines, each draft handed to vLLM is appended to the records file as
 a "draft" line, so the engine wrapper can settle the last round of a request (which the drafter never
 sees resolved: the row leaves the batch) against the final output.
+
+Every settled round, budget decision and step also goes to the Prometheus metrics of
+`backends.prom_metrics` (on `vllm serve`'s own /metrics when PROMETHEUS_MULTIPROC_DIR is set), with or
+without a records file. The drafter keeps only its first KEEP_ROUNDS rounds in memory.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import os
 import time
 from pathlib import Path
 
+from agentspec_sdk.backends.prom_metrics import proposer_metrics
 from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
 
 log = logging.getLogger("agentspec.proposer")
+KEEP_ROUNDS = 10_000  # rounds kept in memory for in-process inspection; counters and metrics keep the rest
 
 
 class AgentSpecProposer:
@@ -33,9 +39,13 @@ class AgentSpecProposer:
         plan = DraftPlan.from_env()  # PlanError names the variable / file when missing
         tokenizer = _load_tokenizer(plan.tokenizer or vllm_config.model_config.tokenizer)
         self.drafter = StructureDrafter(plan, tokenizer, plan_path=plan_path)
+        self.drafter.accounting.keep = KEEP_ROUNDS
+        self.metrics = proposer_metrics()
+        self.drafter.accounting.observer = self.metrics
         self.batch_errors = 0  # steps where the drafter raised: the whole batch got no drafts
         self.steps = 0
         self.seconds = 0.0
+        self._last_start: float | None = None
 
     def load_model(self, *args, **kwargs) -> None:
         """No model: drafts come from structure, grammar and lookup."""
@@ -46,17 +56,31 @@ class AgentSpecProposer:
         n = len(sampled_token_ids)
         rows = [RowInput(token_ids_cpu[i], int(num_tokens_no_spec[i]), bool(len(sampled_token_ids[i])))
                 for i in range(n)]  # basic slicing inside history(): views, no copies
+        acc = self.drafter.accounting
+        rebuilds, row_errors = acc.rebuilds, acc.errors
+        batch_error = False
         try:
             drafts = self.drafter.propose(rows)
             drafts = [self._clip(d, r.num_tokens) for d, r in zip(drafts, rows, strict=True)]
             self._log_drafts(drafts)
         except Exception:  # the engine must survive any drafter bug: no drafts this step
             self.batch_errors += 1
+            batch_error = True
             log.exception("agentspec proposer failed; no drafts for this step (%d so far)", self.batch_errors)
             drafts = [[] for _ in range(n)]
             self._log_error(n)
+        seconds = time.perf_counter() - started
         self.steps += 1
-        self.seconds += time.perf_counter() - started
+        self.seconds += seconds
+        # A row the drafter already knew (not rebuilt) stayed in the batch since the last call: the gap
+        # since that call is one engine step, not idle time.
+        continued = sum(r.draftable for r in rows) - (acc.rebuilds - rebuilds)
+        interval = started - self._last_start if continued > 0 and self._last_start is not None else None
+        self._last_start = started
+        try:
+            self.metrics.step(n, seconds, acc.errors - row_errors, batch_error, interval)
+        except Exception:  # metrics never take the engine down
+            log.exception("agentspec proposer metrics failed")
         return drafts
 
     def _clip(self, draft: list[int], num_tokens: int) -> list[int]:
@@ -80,13 +104,18 @@ class AgentSpecProposer:
                 "type": "draft", "position": pending.position, "prefix_hash": pending.prefix_hash,
                 "kind": pending.kind, "law_class": pending.law_class, "source": pending.source,
                 "tokens": draft}))
-        _append(path, lines)
+        self._append(lines)
 
     def _log_error(self, rows: int) -> None:
-        path = self._records_path()
-        if path is not None:
-            _append(path, [json.dumps({"type": "step", "rows": rows, "drafted": 0, "proposer_s": 0.0,
-                                       "errors": rows, "batch_error": True})])
+        if self._records_path() is not None:
+            self._append([json.dumps({"type": "step", "rows": rows, "drafted": 0, "proposer_s": 0.0,
+                                      "errors": rows, "batch_error": True})])
+
+    def _append(self, lines: list[str]) -> None:
+        try:
+            self.drafter.accounting.write(lines)  # the drafter's file, rotated at the plan's cap
+        except OSError:
+            log.warning("agentspec proposer cannot write records to %s", self._records_path())
 
     def stats(self) -> dict:
         out = self.drafter.stats()
@@ -94,16 +123,6 @@ class AgentSpecProposer:
         out["adapter_steps"] = self.steps
         out["adapter_s"] = self.seconds
         return out
-
-
-def _append(path: Path, lines: list[str]) -> None:
-    if not lines:
-        return
-    try:
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
-    except OSError:
-        log.warning("agentspec proposer cannot write records to %s", path)
 
 
 def _load_tokenizer(name):

@@ -11,6 +11,12 @@ rounds are kept in memory and, when the plan names a `records_path`, appended to
 
 `t` is the wall-clock time the step's `propose` call began: the gap to the next step's `t` is the
 target pass that verified this step's drafts, which is how the replay fits the verify cost delta.
+
+The file is bounded: when an append would take it past `max_bytes` (the plan's `records_max_bytes`,
+default 64 MiB) it is renamed to `<name>.1` (replacing the previous one) and a new file begins, so the
+records never take more than twice the cap on disk; `vllm_metrics.RecordsTail` follows the rename.
+An `observer` (the Prometheus counters of `backends.prom_metrics`) sees every resolved round and every
+budget decision as it happens, which is how a server reports acceptance without any file.
 """
 
 from __future__ import annotations
@@ -23,6 +29,32 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agentspec_sdk.law.estimators import OnlineAcceptance, RoundRecord
+
+DEFAULT_RECORDS_MAX_BYTES = 64 << 20
+
+
+def rotated_path(path: str | os.PathLike) -> Path:
+    """Where a full records file goes when a new one begins."""
+    path = Path(path)
+    return path.with_name(path.name + ".1")
+
+
+def append_records(path: Path, lines: list[str], max_bytes: int | None = None) -> None:
+    """Append JSON lines to a records file, rotating it first when they would take it past `max_bytes`.
+    One writer per file (the proposer's process); readers follow the rotation by inode."""
+    if not lines:
+        return
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    cap = DEFAULT_RECORDS_MAX_BYTES if max_bytes is None else max_bytes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = 0
+    if size and size + len(data) > cap:
+        os.replace(path, rotated_path(path))
+    with path.open("ab") as fh:
+        fh.write(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +103,15 @@ class Accounting:
     """Online acceptance per (law class, source), the round log and the step log."""
 
     def __init__(self, acceptance: OnlineAcceptance, records_path: str | os.PathLike | None = None,
-                 keep: int = 1_000_000):
+                 keep: int = 1_000_000, records_max_bytes: int | None = None):
         self.acceptance = acceptance
-        self.records: list[DraftRound] = []
+        self.records: list[DraftRound] = []  # the first `keep` rounds, for in-process inspection
         self.records_path = Path(records_path) if records_path else None
-        self._keep = keep
+        self.records_max_bytes = records_max_bytes  # None: DEFAULT_RECORDS_MAX_BYTES
+        self.keep = keep
+        self.observer = None  # .round(rnd, sources) and .sized(law_class, candidate, drafted) when set
+        self.withheld = 0  # candidate tokens the budget did not hand to vLLM
+        self.gated = 0  # rows with a candidate that got no draft at all
         self._buffer: list[str] = []
         self._totals: dict = defaultdict(lambda: [0, 0, 0])  # (class, source) -> rounds, drafted, accepted
         self.steps = 0
@@ -100,10 +136,21 @@ class Accounting:
         tot[0] += 1
         tot[1] += rnd.drafted
         tot[2] += rnd.accepted
-        if len(self.records) < self._keep:
+        if len(self.records) < self.keep:
             self.records.append(rnd)
         if self.records_path is not None:
             self._buffer.append(json.dumps({"type": "round", **rnd.to_dict()}))
+        if self.observer is not None:
+            self.observer.round(rnd, sources)
+
+    def sized(self, decisions) -> None:
+        """The budget's decisions of one step: (law class, candidate tokens, drafted tokens) per row
+        that had a candidate."""
+        for law_class, candidate, drafted in decisions:
+            self.withheld += candidate - drafted
+            self.gated += drafted == 0
+            if self.observer is not None:
+                self.observer.sized(law_class, candidate, drafted)
 
     def end_step(self, rows: int, drafted: int, seconds: float, errors: int, at: float | None = None,
                  extra: dict | None = None) -> None:
@@ -122,10 +169,13 @@ class Accounting:
     def flush(self) -> None:
         if self.records_path is None or not self._buffer:
             return
-        self.records_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.records_path.open("a", encoding="utf-8") as fh:
-            fh.write("\n".join(self._buffer) + "\n")
+        self.write(self._buffer)
         self._buffer.clear()
+
+    def write(self, lines: list[str]) -> None:
+        """Append lines to the records file (rotated at `records_max_bytes`); nothing without one."""
+        if self.records_path is not None:
+            append_records(self.records_path, lines, self.records_max_bytes)
 
     def stats(self) -> dict:
         by_class: dict = {}
@@ -147,6 +197,8 @@ class Accounting:
             "us_per_row": 1e6 * self.proposer_s / self.rows_seen if self.rows_seen else 0.0,
             "by_class": by_class,
             "by_source": by_source,
+            "withheld": self.withheld,
+            "gated": self.gated,
         }
 
     def reset(self) -> None:
@@ -155,6 +207,7 @@ class Accounting:
         self.records.clear()
         self._totals.clear()
         self.steps = self.rows_seen = self.errors = self.rebuilds = self.dropped = 0
+        self.withheld = self.gated = 0
         self.proposer_s = 0.0
 
 
