@@ -50,6 +50,7 @@ SAMPLES = {
         ("<code>x = 1</code>\n", True),
         ("x <result>3</result>", False),
         ("```python\nx = 1\n``` and more", False),
+        ("```python\nx = 1\n```\n\n\n", False),  # the turn ends with the block
     ],
 }
 FORMATS = {"tool_calls": TOOL_CALLS, "react": REACT, "code_agent": CODE_AGENT}

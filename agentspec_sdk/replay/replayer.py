@@ -10,6 +10,10 @@ Each agent writes its own assistant turns; tool observations come from the trace
 3. executed: no recorded call of that tool → the real BFCL tool, on an environment loaded with
    the episode's initial_config that has applied this agent's earlier calls (BFCL traces only);
 4. missing: otherwise the observation is an error text "tool call not in trace: <name>".
+
+Code agents (an environment with `exact_only`, HumanEval): code that differs from every recorded
+code block is run in the sandbox against the task's tests ("executed"), never answered by a
+recorded result of other code; a passing result ends the episode as it did when recorded.
 """
 
 from __future__ import annotations
@@ -50,13 +54,20 @@ class ObservationBook:
 
     def lookup(self, name: str, arguments: dict, segment: int) -> Observation:
         env = self._shadow()
+        runs = env is not None and env.has(name)
+        exact_only = runs and getattr(env, "exact_only", False)
         # the shadow environment applies every call, so its state follows the agent's own actions
-        shadow = env.execute(name, arguments) if env is not None and env.has(name) else None
+        shadow = env.execute(name, arguments) if runs and not exact_only else None
         key = canonical(arguments)
         exact = [i for i, (_, t) in enumerate(self.entries) if t.name == name and canonical(t.arguments) == key]
         if exact:
             i = min(exact, key=lambda i: (self.used[i], abs(self.entries[i][0] - segment), i))
-            return self._take(i, "exact")
+            obs = self._take(i, "exact")
+            obs.done = exact_only and env.is_done(obs.result)
+            return obs
+        if exact_only:  # other code than recorded: run it (a recorded result of other code says nothing)
+            ran = env.execute(name, arguments)
+            return Observation(ran.result, ran.latency_s, "executed", done=env.is_done(ran.result))
         same = [i for i, (_, t) in enumerate(self.entries) if t.name == name]
         if same:
             def score(i: int):

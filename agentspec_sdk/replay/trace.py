@@ -117,6 +117,34 @@ def _turn(data: Any, index: int) -> Turn:
     return Turn("tool", content, name=name, arguments=arguments, latency_s=float(latency))
 
 
+# Per layout: the markers an assistant turn must contain when tool turns answer it (any one of each
+# group), looked up by segment kind name in the episode's format.
+_CALL_KINDS = {"tool_calls": ("tool_call",), "react": ("action", "action_input"), "code_agent": ("code",)}
+
+
+def _check_format(name: str, turns: list[Turn], where: str) -> None:
+    """The format must be known, and every assistant turn that tool turns answer (a call, a code
+    run) must hold its format's markers for that: a trace whose turns do not follow its format
+    would replay as something else."""
+    from agentspec_sdk.errors import FormatError
+    from agentspec_sdk.structure.formats import get_format
+
+    try:
+        fmt = get_format(name)
+    except FormatError as err:
+        raise _Bad(f"{where}: field 'format': {err}") from None
+    groups = [fmt.kind(k).open for k in _CALL_KINDS.get(fmt.layout or "", ())]
+    for i, t in enumerate(turns):
+        answered = i + 1 < len(turns) and turns[i + 1].role == "tool"
+        if t.role != "assistant" or not answered:
+            continue
+        for markers in groups:
+            if not any(m in t.content for m in markers):
+                shown = " or ".join(repr(m) for m in markers)
+                raise _Bad(f"{where}: turns[{i}]: the assistant turn is answered by a tool turn but has no "
+                           f"{shown} (format {name!r})")
+
+
 def episode_from_dict(data: Any) -> Episode:
     """Validate one decoded line; raises TraceError without location (callers add it)."""
     try:
@@ -137,9 +165,11 @@ def episode_from_dict(data: Any) -> Episode:
         turns = [_turn(t, i) for i, t in enumerate(raw_turns)]
         if not any(t.role == "user" for t in turns):
             raise _Bad(f"{where}: no user message")
+        fmt = _need(data, "format", str, where)
+        _check_format(fmt, turns, where)
         return Episode(id=ep_id, source=_need(data, "source", dict, where),
                        system=_need(data, "system", str, where), tools=tools,
-                       format=_need(data, "format", str, where), turns=turns,
+                       format=fmt, turns=turns,
                        meta=data.get("meta", {}) if isinstance(data.get("meta", {}), dict) else {})
     except _Bad as bad:
         raise TraceError(str(bad)) from None
@@ -208,6 +238,11 @@ def dump_traces(episodes: Iterable[Episode], path: str | Path) -> None:
     atomic_write_text(path, "".join(json.dumps(ep.to_dict(), ensure_ascii=False) + "\n" for ep in episodes))
 
 
-def bundled_traces() -> Path:
-    """The trace file shipped with the package (BFCL multi-turn, recorded on the default model)."""
-    return Path(__file__).with_name("traces") / "bfcl_multi_turn.jsonl"
+def bundled_traces(fmt: str = "tool_calls") -> Path:
+    """A trace file shipped with the package, recorded on the default model: BFCL multi-turn in
+    `tool_calls` (the default) or `react`, HumanEval in `code_agent`."""
+    names = {"tool_calls": "bfcl_multi_turn.jsonl", "react": "bfcl_react.jsonl",
+             "code_agent": "humaneval_code_agent.jsonl"}
+    if fmt not in names:
+        raise TraceError(f"no bundled traces in format {fmt!r}; bundled: {sorted(names)}")
+    return Path(__file__).with_name("traces") / names[fmt]

@@ -169,8 +169,10 @@ def _react(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
 def _code(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
     kind = fmt.kind("code")
     text = b.text(avoid)
+    # the turn ends with the block (one optional newline): a model that would go on writing is not
+    # left to fill max_tokens with whitespace
     blocks = [
-        f"{b.text_then(avoid, op)} {b.text_then((cl,), cl)} {b.ws()}?" for op, cl in zip(kind.open, kind.close, strict=True)
+        f'{b.text_then(avoid, op)} {b.text_then((cl,), cl)} "\\n"?' for op, cl in zip(kind.open, kind.close, strict=True)
     ]
     code = b.name("code_block")
     b.rule(code, " | ".join(blocks))
