@@ -14,6 +14,7 @@ from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
 from agentspec_sdk.structure.bfcl_schema import normalise_bfcl_schema
 from agentspec_sdk.structure.schema_compiler import (
     canonical_literal,
+    canonical_texts,
     compile_schema,
     compile_schema_gbnf,
     schema_rules,
@@ -365,3 +366,62 @@ def test_no_schema_keyword_reads_2020_12_and_the_keywords_it_dropped():
     assert not accepts(compile_schema(sibling), '{"foo":[1,2,3]}')
     assert not accepts(compile_schema({"dependencies": {"bar": ["foo"]}}), '{"bar":1}')
     assert not accepts(compile_schema({"items": [{"type": "integer"}], "additionalItems": False}), "[1,2]")
+
+
+# ---------------------------------------------------------------- canonical forms
+
+
+def test_canonical_literal_number_and_string_forms():
+    assert canonical_literal(1.0) == "1" and canonical_literal(-0.0) == "0"
+    assert canonical_literal(1e300) == "1" + "0" * 300
+    assert canonical_literal(1e-05) == "0.00001" and canonical_literal(-2.5e-7) == "-0.00000025"
+    assert canonical_literal(0.1) == "0.1" and canonical_literal(123456.789) == "123456.789"
+    assert canonical_literal('a/"é\n\x01') == '"a/\\"é\\n\\u0001"'
+    with pytest.raises(ValueError):
+        canonical_literal(float("nan"))
+
+
+CANONICAL_SCHEMA = {
+    "type": "object",
+    "properties": {"b": {"type": "number", "minimum": 0}, "a": {"type": "number"}, "s": {"type": "string"}},
+    "required": ["z"],
+    "allOf": [{"properties": {"c": {"type": "integer"}}}],
+    "additionalProperties": {"type": "integer"},
+}
+
+
+@pytest.mark.parametrize("value, canonical, non_canonical", [
+    ({"z": 1, "b": 1e-05, "a": 2.0}, '{"b":0.00001,"a":2,"z":1}',
+     ['{"b":1e-05,"a":2,"z":1}', '{"b":0.00001,"a":2,"z":1.0}', '{"a":2,"b":0.00001,"z":1}', '{"b":0.00001, "a":2,"z":1}']),
+    ({"q": 3, "z": 1, "c": 2}, '{"c":2,"z":1,"q":3}', ['{"z":1,"c":2,"q":3}', '{"c":2,"q":3,"z":1}']),
+    ({"s": "x/\u00e9", "z": 1}, '{"s":"x/\u00e9","z":1}', ['{"s":"x\\/\u00e9","z":1}', '{"s":"x/\\u00e9","z":1}']),
+])
+def test_canonical_texts_are_the_forms_the_grammar_accepts(checker, value, canonical, non_canonical):
+    """Each documented canonical form (key order: properties, merged allOf members, required, the
+    rest; numbers: integers, positional decimals; strings: json.dumps escapes) is accepted by every
+    judge, and the same instance written otherwise is not (the unbounded `a` alone takes any form)."""
+    assert canonical_texts(CANONICAL_SCHEMA, value) == [canonical]
+    verdicts = verdicts_of(checker, CANONICAL_SCHEMA, [canonical, *non_canonical])
+    assert set(verdicts.pop(canonical).values()) == {True}
+    for text, by_judge in verdicts.items():
+        assert set(by_judge.values()) == {False}, text
+    assert accepts(compile_schema(CANONICAL_SCHEMA), '{"b":1,"a":2e-5,"z":1}')  # unbounded number: any form
+
+
+def test_canonical_texts_give_one_text_per_branch_order():
+    schema = {"anyOf": [{"properties": {"b": {}, "a": {}}}, {"properties": {"a": {}, "b": {}}, "required": ["a"]}]}
+    texts = canonical_texts(schema, {"a": 1, "b": 2})
+    assert texts == ['{"b":2,"a":1}', '{"a":1,"b":2}']
+    assert canonical_texts({"dependencies": {"bar": ["foo"]}}, {"foo": 1, "bar": 2}) == ['{"bar":2,"foo":1}']
+    assert canonical_texts({"enum": [{"y": 1, "x": 2}]}, {"x": 2, "y": 1.0}) == ['{"y":1,"x":2}']
+
+
+def test_oneof_literal_against_a_typed_branch_is_exclusive_only_when_provably_so():
+    """`{"const": 1}` and `{"type": "integer"}` share 1 (oneOf rejects it): not provably exclusive.
+    Against `minimum: 5` they are. Constants compare as JSON values, key order aside."""
+    with pytest.raises(SchemaNotSupported, match="oneOf"):
+        compile_schema({"oneOf": [{"const": 1}, {"type": "integer"}]})
+    with pytest.raises(SchemaNotSupported, match="oneOf"):
+        compile_schema({"oneOf": [{"const": {"a": 1, "b": 2}}, {"enum": [{"b": 2, "a": 1}]}]})
+    grammar = compile_schema({"oneOf": [{"const": 1}, {"type": "integer", "minimum": 5}]})
+    assert accepts(grammar, "1") and accepts(grammar, "5") and not accepts(grammar, "2")

@@ -62,7 +62,7 @@ CLASSES = [
      ["[1,2]", '["x"]', "[]"], ["[1]", "[1,2,3]"]),
     ("enum numbers vs a number rule (sign, fraction)",
      {"anyOf": [{"enum": [-5, 1.5, 2e-7]}, {"type": "integer", "minimum": -100}]}, {},
-     ["-50", "-5", "1.5", "2e-07", "7"], ["1.55", "-500", "2e-7"]),
+     ["-50", "-5", "1.5", "0.0000002", "7"], ["1.55", "-500", "2e-7", "2e-07"]),
     ("const number vs a bounded number rule",
      {"anyOf": [{"const": 1.5}, {"type": "number", "maximum": 2}]}, {},
      ["1.55", "1.5", "-3"], ["2.5"]),

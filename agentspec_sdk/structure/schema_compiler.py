@@ -1,18 +1,21 @@
 """JSON Schema → grammar (Lark for python lark / llguidance, EBNF for xgrammar).
 
 The grammar's start rule matches exactly the canonical serialisations of the schema's valid
-instances: `json.dumps(v, ensure_ascii=False, separators=(",", ":"))` with object keys in the order
-of the schema's `properties` (absent optional keys skipped; undeclared required keys next, in
-`required` order; other extra keys last), integer-valued numbers written as integers, and numbers
-of type `number` in any JSON number form. See docs/schema_coverage.md for what is supported.
+instances (the forms are listed in `compile_schema`'s docstring and docs/schema_coverage.md;
+`canonical_texts` writes them). `$schema` picks the draft (`Dialect`). Every lexeme of the Lark
+rendering is one whole JSON token, or a fixed piece of a number, so llguidance's lexer never has to
+choose between a longer and a shorter lexeme (see `_Compiler.key`). See docs/schema_coverage.md
+for what is supported.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from urllib.parse import unquote
 
@@ -163,7 +166,25 @@ class SchemaRules:
 def compile_schema(
     schema, *, whitespace: str = "compact", relax=(), formats: str = "assert", closed: bool = False
 ) -> str:
-    """Lark grammar text whose `start` rule matches the canonical serialisations of valid instances."""
+    """Lark grammar text whose `start` rule matches the canonical serialisations of valid instances.
+
+    Canonical forms (`canonical_texts(schema, value)` writes them; tests hold each of them):
+
+    - whitespace: none (`whitespace="flexible"`: 1-16 of `[ \\t\\n\\r]` around `{ } [ ] , :`).
+    - object keys: the declared keys in the order of the schema's `properties` (after merging
+      `allOf`/`$ref` siblings: the parent's properties first, then each member's), absent optional
+      ones skipped; then undeclared `required` keys in `required` order (for `dependencies`, the
+      key before its dependents); then any other allowed keys, in any order. Each key at most once.
+      Under `anyOf`/`oneOf` each branch orders keys by its own merged schema, so an instance may
+      have one canonical text per branch.
+    - strings: `json.dumps(..., ensure_ascii=False)`'s escapes (`\\"`, `\\\\`, `\\b\\f\\n\\r\\t`,
+      other controls `\\u00xx` lowercase; `/` and non-ASCII unescaped).
+    - numbers: an integer-valued number as an integer (`1.0` -> `1`, `1e300` -> its digits, never
+      `-0`); any other number in positional notation; both with Python's shortest round-trip digits
+      (`1e-05` -> `0.00001`), as `canonical_literal` writes them. A `number` without bounds also
+      accepts every other JSON number form (fractions, exponents); bounded numbers only `-?int(.digits)?`.
+    - enum/const: each value as `canonical_literal` writes it, in the value's own key order.
+    """
     rules = schema_rules(schema, "s", whitespace=whitespace, relax=relax, formats=formats, closed=closed)
     return f"start: {rules.root}\n{rules.lark}"
 
@@ -174,6 +195,16 @@ def compile_schema_gbnf(
     """The same grammar in xgrammar's EBNF, rooted at `root`."""
     rules = schema_rules(schema, "s", whitespace=whitespace, relax=relax, formats=formats, closed=closed)
     return f"root ::= {rules.root}\n{rules.gbnf}"
+
+
+def canonical_texts(schema, value, *, relax=(), closed: bool = False, limit: int = 16) -> list[str]:
+    """The canonical serialisations of an instance under a schema's grammar (see `compile_schema`):
+    keys in the order the grammar puts them, one text per way the schema's alternatives
+    (anyOf/oneOf/dependencies) order them, at most `limit`. If `value` is valid, the grammar of
+    the same schema and options accepts at least one of them."""
+    compiler = _Compiler(schema, "c", False, frozenset(relax), True)
+    compiler.closed = closed
+    return compiler.texts(schema, value, "", 0, limit)
 
 
 def schema_rules(
@@ -207,18 +238,42 @@ def schema_rules(
 
 
 def canonical_literal(value) -> str:
-    """Canonical JSON text of a value (integer-valued floats as integers, own key order)."""
-    return json.dumps(_canonical_value(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _canonical_value(value):
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    """Canonical JSON text of a value in its own key order: compact, `ensure_ascii=False`,
+    numbers in positional notation with Python's shortest round-trip digits, integer-valued ones as
+    integers (`1.0` -> `1`, `1e300` -> `1` and 300 zeros, `-0.0` -> `0`, `1e-05` -> `0.00001`)."""
     if isinstance(value, dict):
-        return {k: _canonical_value(v) for k, v in value.items()}
+        return "{" + ",".join(f"{_string(k)}:{canonical_literal(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return [_canonical_value(v) for v in value]
-    return value
+        return "[" + ",".join(canonical_literal(v) for v in value) + "]"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a JSON number")
+        if value == 0:
+            return "0"
+        exact = Decimal(repr(value))  # the shortest digits that round-trip
+        return format(exact.to_integral_value() if value.is_integer() else exact, "f")
+    if value is None or isinstance(value, bool | int | str):
+        return json.dumps(value, ensure_ascii=False)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _string(key) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"object key {key!r} is not a string")
+    return json.dumps(key, ensure_ascii=False)
+
+
+def _json_equal(a, b) -> bool:
+    """Equality of JSON values (key order aside; 1 == 1.0, true != 1)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
 
 
 def _ptr(pointer: str, *parts) -> str:
@@ -568,19 +623,34 @@ class _Compiler:
         sets = [self.value_kinds(s) for s in schemas]
         for a in range(len(sets)):
             for b in range(a + 1, len(sets)):
-                if not sets[a] & sets[b]:
+                if not self.kinds_overlap(sets[a], sets[b], schemas[a], schemas[b]):
                     continue
                 if _distinguished(schemas[a], schemas[b]) or _forbids(raw[a], schemas[b]) or _forbids(raw[b], schemas[a]):
                     continue
                 return False
         return True
 
+    @staticmethod
+    def kinds_overlap(x: set, y: set, schema_x: dict, schema_y: dict) -> bool:
+        """Whether two branches' value kinds may share an instance: literals against literals by
+        value, a literal against a typed branch by whether it passes that branch's scalar keywords
+        (`{"const": 1}` overlaps `{"type": "integer"}`, not `{"type": "integer", "minimum": 5}`)."""
+        lits_x = [k for k in x if isinstance(k, tuple)]
+        lits_y = [k for k in y if isinstance(k, tuple)]
+        if lits_x and lits_y:
+            return bool(x & y)
+        if lits_x or lits_y:
+            literal_schema, other = (schema_x, schema_y) if lits_x else (schema_y, schema_x)
+            values = literal_schema["enum"] if "enum" in literal_schema else [literal_schema["const"]]
+            return any(_satisfies(v, other) for v in values)
+        return bool(x & y)
+
     def value_kinds(self, schema: dict) -> set[str]:
         if "enum" in schema or "const" in schema:
             values = schema.get("enum", []) if "enum" in schema else [schema["const"]]
             if not isinstance(values, list):
                 return set(TYPES)
-            return {("lit", canonical_literal(v)) for v in values}
+            return {("lit", _identity(v)) for v in values}
         types = _types(schema)
         kinds = set(types or TYPES)
         if "integer" in kinds:
@@ -854,6 +924,62 @@ class _Compiler:
             return NOTHING
         return body
 
+    # ------------------------------------------------------------ canonical texts of instances
+
+    def texts(self, schema, value, pointer: str, depth: int, limit: int) -> list[str]:
+        """Canonical serialisations of `value` in the key orders this schema's grammar uses: one
+        per way its alternatives (anyOf/oneOf/dependencies) order keys, at most `limit`."""
+        if depth > MAX_DEPTH or not isinstance(schema, dict):
+            return [canonical_literal(value)]
+        schema = self.view(schema, pointer)
+        if set(schema) - ANNOTATIONS == {"$ref"}:
+            target, fragment = self.resolve(schema["$ref"], pointer)
+            return self.texts(target, value, fragment, depth + 1, limit)
+        flat = self.flatten(schema, pointer, frozenset())
+        if isinstance(flat, dict) and any(k in flat for k in _DEPENDENCY_KEYS):
+            flat = self.expand_dependencies(flat, pointer)
+        if not isinstance(flat, dict):
+            return [canonical_literal(value)]
+        for key in ("anyOf", "oneOf"):
+            if isinstance(flat.get(key), list):
+                base = {k: v for k, v in flat.items() if k != key}
+                found: list[str] = []
+                for i, option in enumerate(flat[key]):
+                    option = {} if option is True else option
+                    if not isinstance(option, dict):
+                        continue
+                    branch = self.flatten(option, _ptr(pointer, key, i), frozenset())
+                    merged = merge(base, branch, pointer) if isinstance(branch, dict) else False
+                    if merged is not False:
+                        found += self.texts(merged, value, _ptr(pointer, key, i), depth + 1, limit)
+                return list(dict.fromkeys(found))[:limit] or [canonical_literal(value)]
+        if "enum" in flat or "const" in flat:
+            values = [flat["const"]] if "const" in flat else flat["enum"] if isinstance(flat["enum"], list) else []
+            return [next((canonical_literal(v) for v in values if _json_equal(v, value)), canonical_literal(value))]
+        if isinstance(value, dict):
+            props = flat.get("properties") if isinstance(flat.get("properties"), dict) else {}
+            required = [r for r in flat.get("required") or [] if isinstance(r, str)]
+            patterns = flat.get("patternProperties") if isinstance(flat.get("patternProperties"), dict) else {}
+            extra = flat.get("additionalProperties", not self.closed)
+            declared = list(dict.fromkeys([*props, *required]))
+            keys = [k for k in declared if k in value] + [k for k in value if k not in declared]
+            choices = []
+            for k in keys:
+                matching = [sub for pattern, sub in patterns.items() if _search(pattern, k)]
+                sub = props[k] if k in props else True if matching else extra
+                if matching:
+                    sub = {"allOf": [sub, *matching]}
+                where = _ptr(pointer, "properties", k)
+                choices.append([f"{_string(k)}:{t}" for t in self.texts(sub, value[k], where, depth + 1, limit)])
+            return _joined(choices, "{", "}", limit)
+        if isinstance(value, list):
+            prefix, rest = _positional(flat)
+            prefix = prefix if isinstance(prefix, list) else []
+            choices = [self.texts(prefix[i] if i < len(prefix) else rest, item, _ptr(pointer, "items", i), depth + 1, limit)
+                       for i, item in enumerate(value)]
+            return _joined(choices, "[", "]", limit)
+        return [canonical_literal(value)]
+
     # ------------------------------------------------------------ any JSON value
 
     def any_rule(self) -> str:
@@ -871,6 +997,20 @@ class _Compiler:
             self.rules[obj] = seq(self.punct("{"), opt(seq(member, rep(seq(comma, member), 0, None))), self.punct("}"))
             self.rules[arr] = seq(self.punct("["), opt(seq(value, rep(seq(comma, value), 0, None))), self.punct("]"))
         return name
+
+
+def _search(pattern: str, key: str) -> bool:
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:
+        return False
+
+
+def _joined(choices: list[list[str]], open_: str, close: str, limit: int) -> list[str]:
+    out = []
+    for parts in itertools.islice(itertools.product(*choices), limit):
+        out.append(open_ + ",".join(parts) + close)
+    return out
 
 
 def _check_nesting(document) -> None:
@@ -908,7 +1048,16 @@ def _types(schema: dict):
 
 
 def _equal(a, b) -> bool:
-    return canonical_literal(a) == canonical_literal(b)
+    return _json_equal(a, b)
+
+
+def _identity(value) -> str:
+    """A text equal for equal JSON values whatever their key order (for sets of constants)."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_string(k)}:{_identity(value[k])}" for k in sorted(value)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_identity(v) for v in value) + "]"
+    return canonical_literal(value)
 
 
 def _satisfies(value, schema: dict) -> bool:
@@ -1134,9 +1283,9 @@ def _constants(schema):
         return None
     found = []
     if "const" in schema:
-        found.append({canonical_literal(schema["const"])})
+        found.append({_identity(schema["const"])})
     if isinstance(schema.get("enum"), list):
-        found.append({canonical_literal(v) for v in schema["enum"]})
+        found.append({_identity(v) for v in schema["enum"]})
     for member in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
         inner = _constants(member)
         if inner is not None:
