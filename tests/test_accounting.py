@@ -44,6 +44,15 @@ def test_verify_price_recovers_known_terms():
     assert accounting.price_at(price, 8) == pytest.approx(0.003 * 8 / (0.05 + 0.006 * 8), rel=1e-3)
 
 
+def test_a_negative_term_is_noise_and_is_dropped():
+    steps = _steps(0.09, 0.0, 0.01)
+    for i, s in enumerate(steps):  # other work on the machine slows the small steps: b < 0 unconstrained
+        s["t"] -= 0.004 * sum(x["rows"] for x in steps[:i])
+    price = accounting.verify_price({"run": steps})
+    assert price["b_s_per_row"] == 0.0 and price["dropped"] == ["b_s_per_row"]
+    assert price["a_s"] > 0 and price["c_s_per_token"] > 0
+
+
 def test_verify_price_needs_enough_steps():
     assert accounting.verify_price({"run": _steps(0.05, 0.006, 0.003, n_steps=5)}) is None
 

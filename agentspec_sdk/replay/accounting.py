@@ -20,9 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from agentspec_sdk import law
-from agentspec_sdk.errors import LawInputError
-
 STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers
 MIN_STEPS = 30
 
@@ -42,7 +39,7 @@ def oracle_passes(output_tokens: int, gamma: int) -> tuple[int, int]:
 
 
 def verify_price(steps_by_run: Mapping[Any, list[Mapping]], min_steps: int = MIN_STEPS) -> dict | None:
-    """Seconds of a step = a + b·rows + c·drafted, fitted (law.fit_costs) over the gaps between
+    """Seconds of a step = a + b·rows + c·drafted (every term ≥ 0), fitted over the gaps between
     consecutive proposer steps — the target pass that verified the first step's drafts. Gaps over 3×
     a run's median (every agent waiting on a tool, long prefills) are dropped. The price of a drafted
     token per row of an n-row step is δ(n) = c·n / (a + b·n) (`price_at`). None when too few steps."""
@@ -61,25 +58,40 @@ def verify_price(steps_by_run: Mapping[Any, list[Mapping]], min_steps: int = MIN
                 drafted_.append(k)
     if len(secs) < min_steps:
         return None
-    try:
-        fit = law.fit_costs(secs, [n + k for n, k in zip(rows_, drafted_, strict=True)], None, rows_)
-    except LawInputError:
+    y = np.asarray(secs)
+    cols = {"a_s": np.ones_like(y), "b_s_per_row": np.asarray(rows_, float), "c_s_per_token": np.asarray(drafted_, float)}
+    coef = _nonnegative_fit(y, cols)
+    if coef is None or coef["a_s"] + coef["b_s_per_row"] <= 0:
         return None
-    if fit.row_cost is not None:
-        b = fit.row_cost * fit.c_t
-        a, c = fit.c_t - b, fit.delta * fit.c_t
-    else:  # one batch size: the pass taken as proportional to its rows
-        a, b, c = 0.0, fit.c_t / rows_[0], fit.delta * fit.c_t
-    if a + b <= 0 or c < 0:
-        return None
-    return {"a_s": a, "b_s_per_row": b, "c_s_per_token": c, "steps": fit.steps, "r2": fit.r2,
-            "method": "step log: seconds = a + b·rows + c·drafted (law.fit_costs); δ(n) = c·n / (a + b·n)"}
+    resid = y - sum(coef[k] * v for k, v in cols.items())
+    total = float(((y - y.mean()) ** 2).sum())
+    return {**coef, "steps": len(y), "r2": 1.0 - float(resid @ resid) / total if total > 0 else 1.0,
+            "dropped": sorted(k for k, v in coef.items() if v == 0.0),
+            "method": "step log: seconds = a + b·rows + c·drafted, least squares with every term ≥ 0 "
+                      "(a negative term is dropped and the rest refitted); δ(n) = c·n / (a + b·n)"}
+
+
+def _nonnegative_fit(y: np.ndarray, cols: Mapping[str, np.ndarray]) -> dict | None:
+    """Least squares, dropping the most negative coefficient until none is negative (a per-row or
+    per-token cost below zero is noise from other work on the machine, not a property of the pass)."""
+    keep = [k for k, v in cols.items() if np.ptp(v) > 0 or k == "a_s"]
+    while keep:
+        X = np.stack([cols[k] for k in keep], axis=1)
+        if np.linalg.matrix_rank(X) < X.shape[1]:
+            return None
+        beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+        if (beta >= 0).all():
+            out = dict.fromkeys(cols, 0.0)
+            out.update({k: float(b) for k, b in zip(keep, beta, strict=True)})
+            return out
+        keep.pop(int(np.argmin(beta)))
+    return None
 
 
 def price_at(price: Mapping, rows: float) -> float:
     a, b, c = price["a_s"], price["b_s_per_row"], price["c_s_per_token"]
     n = max(float(rows), 1.0)
-    return c * n / (a + b * n)
+    return c * n / (a + b * n) if a + b * n > 0 else 0.0
 
 
 def add_costs(runs: list[dict], steps: Mapping[tuple, list[Mapping]], key_of) -> dict | None:
