@@ -115,7 +115,7 @@ def engine_passes(n=300, seed=0, drafts=True, t0=1000.0):
         s = (TERMS["base"] + TERMS["row"] * rows + TERMS["verified"] * k + TERMS["verified_ctx"] * kctx / 1000
              + TERMS["schema"] * ks + TERMS["prefill"] * prefill + TERMS["ctx"] * ctx / 1000 + prop
              + rng.normal(0, 0.0005))
-        passes.append({"t": t, "s": s, "rows": rows, "tokens": rows, "ctx": ctx, "prefill": prefill})
+        passes.append({"t": t, "s": s, "rows": rows, "tokens": rows, "ctx": ctx, "prefill": prefill, "new": 0})
         made = None
         if drafts:
             k = new_k
@@ -136,6 +136,11 @@ def test_engine_passes_are_joined_with_the_proposer_steps():
         assert table[j]["drafted"] == steps[j - 1]["drafted"]
         assert table[j]["drafted_s"] == steps[j - 1]["drafted_s"]
         assert table[j - 1]["proposer_s"] == pytest.approx(steps[j - 1]["proposer_s"])
+        assert table[j - 1]["loop_s"] == pytest.approx(0.001)  # the engine loop's work until the next pass
+    assert table[-1]["loop_s"] == 0.0
+    idle = [dict(p) for p in passes]
+    idle[3]["new"] = idle[3]["rows"]  # only new rows in pass 3: the engine may have idled before it
+    assert pass_table(idle, steps)[2]["loop_s"] == 0.0
 
 
 def test_mean_pass_is_what_decoding_rows_see():

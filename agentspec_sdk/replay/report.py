@@ -136,7 +136,19 @@ def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list
             made = ordered[i]
             p["proposer_s"], p["made"] = float(made.get("proposer_s", 0.0)), made.get("drafted", 0)
             i += 1
+    # the engine loop's own work until the next pass (outputs, finished turns, admissions) is time the
+    # rows still decoding wait too; before a pass of new rows only, the engine may have been idle
+    for p, nxt in zip(table, table[1:], strict=False):
+        busy = nxt.get("rows", 0) - nxt.get("new", 0) > 0
+        p["loop_s"] = max(nxt["t"] - (p["t"] + p["s"]), 0.0) if busy and "new" in nxt else 0.0
+    if table:
+        table[-1]["loop_s"] = 0.0
     return table
+
+
+def _cycle(p: Mapping) -> dict:
+    """A pass with its seconds up to the next pass (the pass + the engine loop's work after it)."""
+    return dict(p, s=p["s"] + p.get("loop_s", 0.0))
 
 
 def passes_from_steps(steps: Iterable[Mapping]) -> list[dict]:
@@ -161,7 +173,8 @@ def mean_pass(table: Iterable[Mapping]) -> dict | None:
         return None
     w = np.array([p["rows"] - p.get("new", 0) for p in table], dtype=float)
     out = {k: float(np.average([float(p.get(k, 0) or 0) for p in table], weights=w))
-           for k in (*COST_KEYS, "s", "proposer_s")}
+           for k in (*COST_KEYS, "s", "proposer_s", "loop_s")}
+    out["s"] += out["loop_s"]  # what a decoding row waits per pass: the pass and the loop after it
     out["passes"], out["row_passes"] = len(table), int(w.sum())
     return out
 
@@ -169,7 +182,7 @@ def mean_pass(table: Iterable[Mapping]) -> dict | None:
 def fit_pass_costs(tables: Mapping[Any, list[Mapping]]) -> tuple[law.PassCosts | None, str]:
     """`law.fit_pass_costs` over the passes of every run whose drafted tokens are known per pass
     (off: none; structure: the proposer's), with the method used, or None and why not."""
-    rows = [p for (key, mode), t in tables.items() if mode in FITTED_MODES for p in t]
+    rows = [_cycle(p) for (key, mode), t in tables.items() if mode in FITTED_MODES for p in t]
     try:
         return law.fit_pass_costs(rows), f"least squares over {len(rows)} passes of the off and structure runs"
     except LawInputError as exc:
