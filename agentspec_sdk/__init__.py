@@ -12,6 +12,7 @@ from agentspec_sdk.errors import (
     FormatError,
     InvalidSchema,
     LawInputError,
+    SandboxError,
     SchemaNotSupported,
     ToolRegistryError,
     TraceError,
@@ -49,6 +50,10 @@ _LAZY = {
     "TurnRequest": "agentspec_sdk.backends.vllm_engine",
     "TurnResult": "agentspec_sdk.backends.vllm_engine",
     "RemoteEngine": "agentspec_sdk.backends.openai_backend",
+    "Sandbox": "agentspec_sdk.replay.sandbox",
+    "SandboxLimits": "agentspec_sdk.replay.sandbox",
+    "SandboxResult": "agentspec_sdk.replay.sandbox",
+    "CODE_TOOL": "agentspec_sdk.replay.loop",
 }
 
 __all__ = [
@@ -58,6 +63,7 @@ __all__ = [
     "InvalidSchema",
     "LawInputError",
     "SchemaNotSupported",
+    "SandboxError",
     "ToolRegistryError",
     "TraceError",
     *_LAZY,

@@ -10,7 +10,7 @@ from agentspec_langgraph.chat_model import ChatAgentSpec
 from agentspec_langgraph.decorator import AgentSpecBinding, agentspec
 from agentspec_langgraph.middleware import AgentSpecMiddleware
 from agentspec_langgraph.records import TurnRecord, total_acceptance
-from agentspec_langgraph.tools import openai_tool, registry_from_tools
+from agentspec_langgraph.tools import code_tool, openai_tool, registry_from_tools
 
 __all__ = [
     "AgentSpecBinding",
@@ -19,6 +19,7 @@ __all__ = [
     "ChatAgentSpec",
     "TurnRecord",
     "agentspec",
+    "code_tool",
     "openai_tool",
     "registry_from_tools",
     "total_acceptance",

@@ -11,7 +11,8 @@ from typing import Any
 import agentspec_sdk
 from agentspec_sdk import AgentSpecError, ToolRegistryError
 
-_FACADE = ("ToolRegistry", "Tool", "get_format", "Segmenter", "turn_grammar", "tool_call_grammar", "parse_turn", "TurnRequest")
+_FACADE = ("ToolRegistry", "Tool", "get_format", "Segmenter", "turn_grammar", "tool_call_grammar", "parse_turn", "TurnRequest",
+           "Sandbox", "SandboxLimits", "CODE_TOOL")
 __all__ = ["AgentSpecError", "ToolRegistryError", "new_engine", *_FACADE]  # noqa: F822 (lazy names)
 
 

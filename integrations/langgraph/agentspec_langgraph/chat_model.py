@@ -48,7 +48,10 @@ class ChatAgentSpec(BaseChatModel):
 
     - `engine`: an `agentspec_sdk.Engine` or `RemoteEngine` (anything with `generate`, `agenerate`,
       `stream`; `register_tools`, `mark_idle`, `mark_active` are used when present).
-    - `fmt`: the agent format of tool-calling turns (`"tool_calls"` or `"react"`).
+    - `fmt`: the agent format of tool-calling turns (`"tool_calls"` or `"react"`), or `"code_agent"`:
+      the model writes Python in a fenced block, which becomes a call of the code tool (bind
+      `agentspec_langgraph.code_tool()`, the SDK's sandbox, as the agent's only tool); its result
+      comes back to the model in `<result>…</result>`.
     - `grammar`: Lark text forced on every turn instead of the one derived from the format and the
       bound tools (`""` turns the grammar off). Without bound tools the turn grammar still applies:
       text without the format's markers, so no call can be written.
@@ -152,6 +155,12 @@ class ChatAgentSpec(BaseChatModel):
             raise AgentSpecError(f"ChatAgentSpec got unknown call settings {sorted(unknown)}")
         tools = [openai_tool(t) for t in kwargs.get("tools") or ()]
         chosen = _chosen_tools(tools, kwargs.get("tool_choice"))
+        if self.fmt == "code_agent":
+            others = [t["function"]["name"] for t in chosen if t["function"]["name"] != _sdk.CODE_TOOL]
+            if others:
+                raise AgentSpecError(f"format 'code_agent' calls only the code tool {_sdk.CODE_TOOL!r} "
+                                     f"(agentspec_langgraph.code_tool()); also bound: {others}")
+            chosen = []  # the code tool is the code block itself, not a function listed in the prompt
         grammar = kwargs.get(GRAMMAR)
         if grammar is None:
             grammar = self.grammar_for(tools, kwargs.get("tool_choice"))
@@ -168,7 +177,9 @@ class ChatAgentSpec(BaseChatModel):
     def _message(self, result: Any, request: Any, kwargs: dict[str, Any]) -> AIMessage:
         if result.error:
             raise AgentSpecError(f"the engine failed request {result.request_id!r}: {result.error}")
-        content, calls, invalid = self._read(result.text, result.finish_reason, with_calls=len(request.tools) > 0)
+        with_calls = len(request.tools) > 0 or (self.fmt == "code_agent" and any(
+            openai_tool(t)["function"]["name"] == _sdk.CODE_TOOL for t in kwargs.get("tools") or ()))
+        content, calls, invalid = self._read(result.text, result.finish_reason, with_calls=with_calls)
         message = AIMessage(
             content=content,
             tool_calls=calls,

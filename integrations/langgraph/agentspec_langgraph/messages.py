@@ -27,7 +27,7 @@ from agentspec_langgraph import _sdk
 from agentspec_langgraph._sdk import AgentSpecError
 
 RAW_TEXT_KEY = "agentspec_text"
-TOOL_FORMATS = ("tool_calls", "react")
+TOOL_FORMATS = ("tool_calls", "react", "code_agent")  # code_agent: a code block is a call of the code tool
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -58,6 +58,9 @@ def render_assistant(fmt: Any, message: AIMessage) -> str:
     if fmt.name == "react":
         c = calls[0]
         return f"Thought: {content}\nAction: {c['name']}\nAction Input: {compact_json(c['args'])}\n"
+    if fmt.name == "code_agent" and calls[0]["name"] == _sdk.CODE_TOOL:
+        block = f"```python\n{calls[0]['args'].get('code', '')}\n```"
+        return f"{content}\n{block}" if content else block
     raise AgentSpecError(f"format {fmt.name!r} has no tool-call syntax; tools need one of {list(TOOL_FORMATS)}")
 
 
@@ -90,10 +93,13 @@ def parse_calls(fmt: Any, text: str) -> list[dict[str, Any]]:
     off at max_tokens.
     """
     parsed = _sdk.parse_turn(_sdk.get_format(fmt), text)
-    return [
+    calls = [
         {"name": call.name, "args": dict(call.arguments), "id": new_call_id(), "type": "tool_call"}
         for call in parsed.tool_calls
     ]
+    if parsed.code:  # a code agent's block is one call of the code tool (the sandbox runs it)
+        calls.append({"name": _sdk.CODE_TOOL, "args": {"code": parsed.code}, "id": new_call_id(), "type": "tool_call"})
+    return calls
 
 
 def raw_record(fmt_name: str, text: str, calls: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -54,3 +54,18 @@ def _describe(obj: Any) -> str:
         return f"tool {obj.name!r}"
     name = getattr(obj, "__name__", None)
     return f"{type(obj).__name__} {name!r}" if name else repr(obj)[:80]
+
+
+def code_tool(limits: Any = None) -> BaseTool:
+    """The code-running tool of a `code_agent` (name `python`, argument `code`): runs the code in the
+    SDK's sandbox (a fresh process in its own namespaces, rlimits, a wall-clock timeout; see
+    docs/replay.md) and returns its output, or the output and an error line when it failed."""
+    from langchain_core.tools import StructuredTool
+
+    sandbox = _sdk.Sandbox(limits)
+
+    def python(code: str) -> str:
+        """Run Python code in a sandbox and return what it printed (and the error, if it failed)."""
+        return sandbox.run(code).observation()
+
+    return StructuredTool.from_function(python, name=_sdk.CODE_TOOL)
