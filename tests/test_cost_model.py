@@ -141,3 +141,22 @@ def test_platform_layers_have_the_declared_shapes():
                      + shape.heads * shape.head_dim * shape.hidden + 3 * shape.hidden * shape.mlp)
         total = shape.layers * per_layer + embeddings * shape.vocab * shape.hidden
         assert total / 1e9 == pytest.approx(billions, rel=0.05), shape.name
+
+
+def test_each_drafter_gets_its_own_proposer_terms_and_the_target_terms_are_shared():
+    a = synthetic_passes(seed=3)
+    slow = {"base": 0.004, "row": 0.001, "drafted": 0.0002, "ctx": 0.0004}  # e.g. a suffix tree's own time
+    b = []
+    for p in synthetic_passes(seed=4):
+        prop = slow["base"] + slow["row"] * p["rows"] + slow["drafted"] * p["made"] + slow["ctx"] * p["ctx"] / 1000
+        b.append(dict(p, proposer_s=prop, s=p["s"] - p["proposer_s"] + prop))
+    assert law.fit_proposer(b)["drafted"] == pytest.approx(slow["drafted"], rel=1e-6)
+    fit = law.fit_pass_costs(a + b, proposer_passes=a)
+    assert fit.proposer["drafted"] == pytest.approx(PROPOSER["drafted"], rel=1e-6)
+    for term, value in TRUE.items():  # the target's terms do not absorb either drafter's time
+        assert abs(fit.coef[term] - value) < max(4 * fit.se[term], 0.03 * value), term
+    # the second drafter's pass, predicted with its own terms
+    p = b[0]
+    keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx")
+    assert fit.seconds(**{k: p[k] for k in keys}, proposer=law.fit_proposer(b)) == pytest.approx(p["s"], abs=0.004)
+    assert law.fit_proposer(a[:5]) == {}

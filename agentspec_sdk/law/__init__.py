@@ -55,6 +55,7 @@ from agentspec_sdk.law.estimators import (
     fit_costs,
     fit_kappa,
     fit_pass_costs,
+    fit_proposer,
     rho_from_entropies,
     wilson_interval,
 )
@@ -82,6 +83,6 @@ __all__ = [
     "fit_kappa", "gamma_opt", "marginal_tau", "mismatch", "net_cost", "rho_from_entropies",
     "round_cost", "saving", "saving_at", "saving_vs_w_s", "schema_ceiling", "speedup",
     "speedup_curve", "tau", "tau_by_class", "tau_mixed", "tau_vs_w_s", "token_values", "extend_pays", "token_mismatches", "verdict_p1",
-    "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdict_r5", "verdicts", "wilson_interval", "PassCosts", "PASS_TERMS", "PASS_TERM_TEXT", "SpeedupCheck", "fit_pass_costs",
+    "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdict_r5", "verdicts", "wilson_interval", "PassCosts", "PASS_TERMS", "PASS_TERM_TEXT", "SpeedupCheck", "fit_pass_costs", "fit_proposer",
     "pass_cost_ratio",
 ]

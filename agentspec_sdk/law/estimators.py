@@ -520,13 +520,14 @@ class PassCosts:
     passes: int
 
     def seconds(self, rows=1.0, drafted=0.0, drafted_ctx=0.0, drafted_s=0.0, prefill=0.0, ctx=0.0,
-                proposer: bool = True) -> float:
-        """Predicted seconds of a pass of this composition (with the proposer's time unless told not)."""
+                proposer: bool | Mapping = True) -> float:
+        """Predicted seconds of a pass of this composition, with the proposer's time (`proposer`: True =
+        the fitted one, a mapping = another drafter's terms from `fit_proposer`, False = none)."""
         c = self.coef
         t = (c["base"] + c["row"] * rows + c["verified"] * drafted + c["verified_ctx"] * drafted_ctx / 1000.0
              + c["schema"] * drafted_s + c["prefill"] * prefill + c["ctx"] * ctx / 1000.0)
-        if proposer and self.proposer:
-            p = self.proposer
+        p = self.proposer if proposer is True else (proposer or {})
+        if p:
             t += p["base"] + p["row"] * rows + p["drafted"] * drafted + p["ctx"] * ctx / 1000.0
         return float(t)
 
@@ -570,13 +571,32 @@ def _lsq(y: np.ndarray, cols: dict[str, np.ndarray]) -> tuple[dict, dict, dict, 
     return coef, se, dropped, resid
 
 
-def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30) -> PassCosts:
+def fit_proposer(passes: Sequence[Mapping]) -> dict:
+    """The drafter's own seconds per step, `proposer_s` = base + row rows + drafted made + ctx ctx/1000,
+    by least squares over the passes in which it ran (`made`: drafts made there, default `drafted`);
+    {} when it ran in too few."""
+    ran = [p for p in passes if float(p.get("proposer_s", 0.0) or 0.0) > 0 and int(p.get("rows", 0)) > 0]
+    if len(ran) <= 2 * len(PROPOSER_TERMS):
+        return {}
+
+    def col(key: str, scale: float = 1.0) -> np.ndarray:
+        return np.array([float(p.get(key, 0.0) or 0.0) for p in ran]) / scale
+
+    y = col("proposer_s")
+    made = np.array([float(p.get("made", p.get("drafted", 0.0)) or 0.0) for p in ran])
+    pc, _, _, _ = _lsq(y, {"base": np.ones(len(ran)), "row": col("rows"), "drafted": made, "ctx": col("ctx", 1000.0)})
+    return {**{k: pc[k] for k in PROPOSER_TERMS}, "mean_s": float(y.mean()), "steps": len(ran)}
+
+
+def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
+                   proposer_passes: Sequence[Mapping] | None = None) -> PassCosts:
     """Fit `PassCosts` from passes: mappings with `s` (seconds of the pass) and `rows`, optionally
     `drafted` (draft tokens verified in the pass), `drafted_ctx` (sum over rows of drafted x the row's
     context), `drafted_s` (drafted tokens of schema rows), `prefill` (uncached prompt tokens computed),
     `ctx` (sum of the rows' context lengths) and `proposer_s` (the drafter's own seconds in the pass).
     `made` (drafts the proposer made in the pass, verified in the next; default `drafted`) is what the
-    proposer's own time is fitted on. Missing fields count as 0. Passes without rows are skipped."""
+    proposer's own time is fitted on (over `proposer_passes` when given: one drafter's passes while the
+    target's terms use every drafter's). Missing fields count as 0. Passes without rows are skipped."""
     rows = [p for p in passes if int(p.get("rows", 0)) > 0 and float(p.get("s", 0.0)) > 0]
     if len(rows) < min_passes:
         raise LawInputError(f"need at least {min_passes} passes with rows to fit pass costs, got {len(rows)}")
@@ -593,14 +613,7 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30) -> PassCosts
     if coef["base"] + coef["row"] <= 0:
         raise LawInputError(f"fitted one-row pass = {coef['base'] + coef['row']:.3g} s <= 0: "
                             "the pass times do not fit the model")
-    proposer: dict = {}
-    ran = prop > 0  # passes in which the proposer ran (none in a run without speculation)
-    if int(ran.sum()) > len(PROPOSER_TERMS):
-        made = np.array([float(p.get("made", p.get("drafted", 0.0)) or 0.0) for p in rows])
-        pcols = {"base": cols["base"][ran], "row": cols["row"][ran], "drafted": made[ran], "ctx": cols["ctx"][ran]}
-        pc, _, _, _ = _lsq(prop[ran], pcols)
-        proposer = {k: pc[k] for k in PROPOSER_TERMS}
-        proposer["mean_s"] = float(prop[ran].mean())
+    proposer = fit_proposer(rows if proposer_passes is None else proposer_passes)
     total = float(((y - y.mean()) ** 2).sum())
     return PassCosts(coef=coef, se=se, proposer=proposer, dropped=dropped,
                      r2=1.0 - float(resid @ resid) / total if total > 0 else 1.0,

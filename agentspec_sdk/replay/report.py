@@ -112,7 +112,6 @@ def round_records(logs: Iterable[TurnLog]) -> list[law.RoundRecord]:
 
 
 COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx")
-FITTED_MODES = ("off", "structure", "structure-no-budget", "structure-no-isolation")  # drafted known per pass
 
 
 def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list[dict]:
@@ -179,17 +178,22 @@ def mean_pass(table: Iterable[Mapping]) -> dict | None:
     return out
 
 
-def fit_pass_costs(tables: Mapping[Any, list[Mapping]]) -> tuple[law.PassCosts | None, str]:
+def fit_pass_costs(tables: Mapping[Any, list[Mapping]], joined: set) -> tuple[law.PassCosts | None, str]:
     """`law.fit_pass_costs` over the passes of every run whose drafted tokens are known per pass
-    (off: none; structure: the proposer's), with the method used, or None and why not."""
-    rows = [_cycle(p) for (key, mode), t in tables.items() if mode in FITTED_MODES for p in t]
+    (off: none; the runs in `joined`: their drafter's step log), the proposer's terms from the
+    structure runs; with the method used, or None and why not."""
+    keys = [k for k in tables if k[1] == "off" or k in joined]
+    rows = [_cycle(p) for k in keys for p in tables[k]]
+    structure = [_cycle(p) for k in keys if k[1].startswith("structure") for p in tables[k]]
+    modes = sorted({k[1] for k in keys})
     try:
-        return law.fit_pass_costs(rows), f"least squares over {len(rows)} passes of the off and structure runs"
+        return (law.fit_pass_costs(rows, proposer_passes=structure or None),
+                f"least squares over {len(rows)} passes of the {', '.join(modes)} runs")
     except LawInputError as exc:
         return None, str(exc)
 
 
-def law_costs(model: law.PassCosts, comp: Mapping) -> dict:
+def law_costs(model: law.PassCosts, comp: Mapping, proposer: Mapping | None = None) -> dict:
     """The law's c_T, delta and d (and the proposer's fixed share `overhead`) from the fitted terms, at
     a pass of composition `comp` (mean rows n, context, prefill, schema share of the drafts): a pass
     without drafts costs c_T; one more draft token in each of the n rows adds n x (target's cost per
@@ -200,7 +204,7 @@ def law_costs(model: law.PassCosts, comp: Mapping) -> dict:
     t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], proposer=False)
     c = model.coef
     per_token = c["verified"] + c["verified_ctx"] * ctx_row / 1000.0 + c["schema"] * schema
-    prop = model.proposer or {}
+    prop = (model.proposer if proposer is None else proposer) or {}
     fixed = (prop.get("base", 0.0) + prop.get("row", 0.0) * n + prop.get("ctx", 0.0) * comp["ctx"] / 1000.0)
     return {"c_t": t_off, "delta": max(n * per_token / t_off, 0.0), "d": max(n * prop.get("drafted", 0.0) / t_off, 0.0),
             "overhead": max(fixed / t_off, 0.0), "rows": n, "ctx_per_row": ctx_row, "schema_share": schema}
@@ -286,8 +290,8 @@ def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int, costs: Mapp
 
 
 def _composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
-    """The pass composition used for a prediction; drafts of a stock drafter (ngram, suffix: vLLM
-    counts them per request, not per pass) are spread evenly over the run's row-passes."""
+    """The pass composition used for a prediction; without the drafter's step log (vLLM's per-request
+    totals only) its drafts are spread evenly over the run's row-passes."""
     out = {k: float(comp.get(k, 0.0)) for k in COST_KEYS}
     if not measured_drafts:
         row_passes = max(run["output_tokens"] - run["accepted"], 1)
@@ -298,18 +302,19 @@ def _composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
 
 
 def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mapping,
-                  comp_off: Mapping | None) -> dict:
+                  comp_off: Mapping | None, proposer: Mapping | None = None, measured_drafts: bool = True) -> dict:
     """Predicted against measured decode speedup of one speculative run, as the product of three
     factors: tokens per row-pass (1 + f tau, f = the share of row-passes that drafted, tau from the
     law), the off pass over the speculative pass (the fitted pass costs at each run's measured
     composition; without an off pass log, the speculative run's composition without drafts), and
-    the time outside passes (1 predicted). Each factor's `error` = predicted / measured contribution."""
+    the time outside passes (1 predicted). Each factor's `error` = predicted / measured contribution.
+    `proposer`: this run's drafter's own terms (`law.fit_proposer`; None = none measured)."""
     row_passes = max(run["output_tokens"] - run["accepted"], 1)
     f = min(run["rounds"] / row_passes, 1.0)
-    spec = _composition(comp, run, run["mode"] in FITTED_MODES)
+    spec = _composition(comp, run, measured_drafts)
     off = {k: float(v) for k, v in (comp_off or {}).items() if k in COST_KEYS} if comp_off else {**spec}
     off.update(drafted=0.0, drafted_ctx=0.0, drafted_s=0.0)
-    t_spec = model.seconds(**spec, proposer=run["mode"] in FITTED_MODES)
+    t_spec = model.seconds(**spec, proposer=proposer or False)
     t_off = model.seconds(**off, proposer=False)
     acc_pred = 1.0 + f * pred["tau"]
     predicted = float(1.0 / law.pass_cost_ratio(pred["tau"], t_off, t_spec, f))
@@ -369,16 +374,27 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         spec_logs = [log for (key, mode), ls in logs.items() if mode in SPECULATIVE for log in ls]
     timing_logs = {f"{key}/{mode}": ls for (key, mode), ls in logs.items() if mode in ("off", "structure")}
     tables: dict[tuple, list[dict]] = {}
-    pass_source = "engine pass log joined with the proposer's step log"
+    joined: set = set()  # runs whose drafts per pass are known (their drafter's step log)
+    pass_source = "engine pass log joined with the drafters' step logs"
     for k in logs:
         engine_passes, proposer_steps = (passes or {}).get(k) or [], (steps or {}).get(k) or []
         if engine_passes:
-            tables[k] = pass_table(engine_passes, proposer_steps if k[1].startswith("structure") else [])
+            tables[k] = pass_table(engine_passes, proposer_steps if k[1] != "off" else [])
+            if k[1] != "off" and proposer_steps:
+                joined.add(k)
+                if not any("drafted_s" in st for st in proposer_steps):  # a stock drafter: no segment class
+                    w_s = next((float(r["w"].get("S") or 0.0) for r in runs if (run_key(r), r["mode"]) == k), 0.0)
+                    for p in tables[k]:
+                        p["drafted_s"] = p["drafted"] * w_s
     if not tables:  # reports of engines without a pass log: the proposer's step gaps
         pass_source = "proposer step gaps (no engine pass log)"
         tables = {k: passes_from_steps(v) for k, v in (steps or {}).items() if k[1].startswith("structure") and v}
+        joined = set(tables)
     comps = {k: mean_pass(t) for k, t in tables.items()}
-    model, model_method = fit_pass_costs(tables) if tables else (None, "no pass or step log")
+    model, model_method = fit_pass_costs(tables, joined) if tables else (None, "no pass or step log")
+    proposers = {}
+    for mode in {k[1] for k in joined}:
+        proposers[mode] = law.fit_proposer([_cycle(p) for k in joined if k[1] == mode for p in tables[k]])
     primary_key = next((k for k in comps if k[1] == "structure" and k[0][1] == primary["batch"]
                         and k[0][2] == gamma and comps[k]), None)
     if model is not None and primary_key is not None:
@@ -396,11 +412,12 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         key = (run_key(r), r["mode"])
         if fit is not None and r["mode"] in SPECULATIVE and r["output_tokens"] and r["rounds"]:
             comp = comps.get(key)
-            run_costs = law_costs(model, _composition(comp, r, r["mode"] in FITTED_MODES)) \
+            run_costs = law_costs(model, _composition(comp, r, key in joined), proposers.get(r["mode"])) \
                 if model is not None and comp else None
             r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])), run_costs)
             if model is not None and comp:
-                chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])))
+                chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])),
+                                    proposers.get(r["mode"]), key in joined)
                 r["predicted"].update(speedup=chk["speedup"], saving=chk["saving"], check=chk)
                 if chk["measured"]:
                     name = f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}" + ("" if r["prefix_cache"] else "/no-cache")
