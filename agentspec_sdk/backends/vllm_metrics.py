@@ -29,6 +29,14 @@ MAX_STEP_LOG = 250_000
 STEP_FIELDS = ("t", "rows", "drafted", "proposer_s", "ctx", "drafted_ctx", "drafted_s")
 
 
+def _identity(fh) -> tuple[int, bytes]:
+    """A file's inode and first line: inode numbers are reused once a rotated file is deleted, the
+    first line (a timestamp or a prefix hash) tells two files apart."""
+    inode = os.fstat(fh.fileno()).st_ino
+    head = os.pread(fh.fileno(), 256, 0)
+    return inode, head.split(b"\n", 1)[0] if b"\n" in head else b""
+
+
 class RecordsTail:
     """Reads the records file incrementally and keeps unclaimed drafts and running totals."""
 
@@ -36,8 +44,9 @@ class RecordsTail:
         self.path = Path(path)
         self._offset = 0
         self._partial = b""
-        self._inode: int | None = None
+        self._ident: tuple[int, bytes] | None = None  # (inode, first bytes) of the file being read
         self.lost_rotations = 0
+        self.bad_lines = 0
         self._drafts: OrderedDict[tuple[int, int], dict] = OrderedDict()
         self.steps = 0
         self.rows = 0
@@ -54,13 +63,13 @@ class RecordsTail:
         except FileNotFoundError:
             return
         with fh:
-            inode = os.fstat(fh.fileno()).st_ino
-            if self._inode is not None and inode != self._inode:  # rotated since the last poll
+            ident = _identity(fh)
+            if self._ident is not None and ident != self._ident:  # rotated since the last poll
                 self._finish_rotated()
                 self._offset, self._partial = 0, b""
-            self._inode = inode
-            if os.fstat(fh.fileno()).st_size < self._offset:  # truncated in place: start again
+            elif os.fstat(fh.fileno()).st_size < self._offset:  # truncated in place: start again
                 self._offset, self._partial = 0, b""
+            self._ident = ident if ident[1] else None  # an empty file has no identity yet
             fh.seek(self._offset)
             data = fh.read()
         self._feed(data)
@@ -69,7 +78,7 @@ class RecordsTail:
         """The rest of the file we were reading, now at `<name>.1` (unless rotated away again)."""
         try:
             with rotated_path(self.path).open("rb") as old:
-                if os.fstat(old.fileno()).st_ino != self._inode:
+                if _identity(old) != self._ident:
                     self.lost_rotations += 1
                     return
                 old.seek(self._offset)
@@ -78,9 +87,7 @@ class RecordsTail:
             self.lost_rotations += 1
             return
         self._feed(data)
-        if self._partial.strip():
-            self._take(json.loads(self._partial))
-        self._partial = b""
+        self._partial = b""  # a rotated file ends with a whole line; anything else is cut off
 
     def _feed(self, data: bytes) -> None:
         if not data:
@@ -91,7 +98,12 @@ class RecordsTail:
         self._partial = lines.pop()  # an incomplete last line waits for the next poll
         for line in lines:
             if line.strip():
-                self._take(json.loads(line))
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a line cut by a crash, or a file we mistook for another
+                    self.bad_lines += 1
+                    continue
+                self._take(rec)
 
     def _take(self, rec: dict) -> None:
         kind = rec.get("type")
@@ -150,7 +162,8 @@ class RecordsTail:
                      for (cls, src), (r, d, a) in sorted(self.rounds.items())}
         return {"steps": self.steps, "rows": self.rows, "drafted": self.drafted,
                 "proposer_s": self.proposer_s, "errors": self.errors, "batch_errors": self.batch_errors,
-                "resolved_rounds": by_source, "lost_rotations": self.lost_rotations}
+                "resolved_rounds": by_source, "lost_rotations": self.lost_rotations,
+                "bad_lines": self.bad_lines}
 
 
 def settle_last_round(records: list[dict], num_output: int, spec: dict | None) -> None:
