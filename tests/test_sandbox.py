@@ -64,7 +64,7 @@ def test_fork_bomb_is_contained_and_leaves_nothing(sandbox):
 
 
 def test_memory_hog_fails_fast(sandbox):
-    result, wall = _timed(sandbox, "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))")
+    result, wall = _timed(sandbox, "blocks = []\nwhile True:\n    blocks.append(bytes(256 * 2**20))")
     assert not result.ok and not result.timed_out
     assert "MemoryError" in result.output and "memory limit" in result.error
     assert wall < TIMEOUT
