@@ -10,8 +10,9 @@ without grammars are replayed untrimmed); the draft's common prefix with the rea
 accepted, plus one token.
 
 Rows: `ngram` (vLLM's ngram proposer, n 2..5), `suffix` (arctic-inference's SuffixDecodingCache
-driven exactly as vLLM 0.32's SuffixDecodingProposer drives it, vLLM's defaults), `structure`,
-`union` (per step, the longer of the structure and suffix drafts after the grammar: what a
+driven exactly as vLLM 0.32's SuffixDecodingProposer drives it, vLLM's defaults), `structure` (the
+product's drafter, its suffix-tree source included), `structure-plain` (without that source),
+`union` (per step, the longer of the structure-plain and suffix drafts after the grammar: what a
 proposer holding both could send), `union-bound` (per step, the one of the two that gets more
 tokens accepted: needs the future, a bound on any choice between them) and `oracle` (exactly the
 next gamma tokens the target writes: no drafter can do better at that gamma). `--ideas` adds rows
@@ -267,7 +268,9 @@ class GrammarTrim:
         return draft[: matcher.validate_tokens(draft)]
 
 
-def structure_drafter(gamma: int, tools: list[dict]):
+def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True):
+    """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
+    (the drafter before they became one of its sources)."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
@@ -278,7 +281,7 @@ def structure_drafter(gamma: int, tools: list[dict]):
     model = resolve_model(None)
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
-                     learn_delta=False)
+                     learn_delta=False, suffix_trees=suffix_trees)
     drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model))
     return lambda histories: drafter.propose([RowInput(h) for h in histories])
 
@@ -346,7 +349,8 @@ IDEAS = {
     "suffix-by-tools": "suffix with one global tree per system prompt (tool set): values recur among same-tool requests",
     # confidence-sized drafts: a token is worth sending when P(accepted) > delta (its verify cost in passes)
     "suffix-conf": "suffix drafts cut where the tree's probability estimate falls below delta",
-    "union-conf": "per step the longer of structure / confidence-cut suffix",
+    "suffix-f2": "suffix allowed twice the matched length (vLLM's suffix_decoding_max_spec_factor 2 instead of 1)",
+    "union-conf": "per step the longer of structure-plain / confidence-cut suffix",
 }
 
 
@@ -356,19 +360,22 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
         return GrammarTrim(grammars)
 
     structure = lambda: structure_drafter(gamma, tools)  # noqa: E731
+    plain = lambda: structure_drafter(gamma, tools, suffix_trees=False)  # noqa: E731
     tokens = sum(len(t["out"]) - 1 for t in turns)
     rows = {"off": {"passes": tokens, "drafted": 0, "accepted": 0}}
     rows["ngram"] = simulate(turns, ngram_drafter(gamma), batch, trim=trim())
     rows["suffix"] = simulate(turns, SuffixDrafter(gamma), batch, trim=trim())
     rows["structure"] = simulate(turns, structure(), batch, trim=trim())
-    rows["union"] = simulate(turns, (structure(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
-    rows["union-bound"] = simulate(turns, (structure(), SuffixDrafter(gamma)), batch, trim=trim(), choose=better)
+    rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
+    rows["union"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
+    rows["union-bound"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=better)
     if ideas:
         rows["suffix-own"] = simulate(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
         rows["suffix-finished"] = simulate(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
         rows["suffix-by-tools"] = simulate(turns, SuffixTrees(gamma, key=system_prompt_key()), batch, trim=trim())
         rows["suffix-conf"] = simulate(turns, SuffixDrafter(gamma, cut=delta), batch, trim=trim())
-        rows["union-conf"] = simulate(turns, (structure(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
+        rows["suffix-f2"] = simulate(turns, SuffixDrafter(gamma, max_spec_factor=2.0), batch, trim=trim())
+        rows["union-conf"] = simulate(turns, (plain(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
                                       choose=longer)
     rows["oracle"] = simulate(turns, None, batch, gamma)
     for row in rows.values():
