@@ -84,6 +84,11 @@ def test_report_structure_speedup_and_law():
     assert g == round(run["drafted"] / run["rounds"])  # the mean drafted length, not gamma_max
     assert run["predicted"]["tau"] == pytest.approx(float(law.tau(g, eps)))
     assert run["predicted"]["saving"] == pytest.approx(float(law.saving(g, law.tau(g, eps), lw["delta"], lw["d"])))
+    # per class at its own drafted length (S drafts 8 per round, R and F 4), weighted by its rounds
+    params = law.LawParams(lw["kappa"], lw["delta"], lw["d"])
+    by = law.tau_by_class(params, mix, 8)["S"] * 40 + (law.tau_by_class(params, mix, 4)["R"]
+                                                      + law.tau_by_class(params, mix, 4)["F"]) * 30
+    assert run["predicted"]["tau_rounds"] == pytest.approx(float(by) / 100)
     names = [v["name"] for v in rep["verdicts"]]
     assert names == ["P1", "R1", "R2", "R3", "R4", "R5"]
     assert rep["verdicts"][5]["status"] == "insufficient data"  # no pass log: no speedup prediction

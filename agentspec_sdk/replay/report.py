@@ -289,6 +289,30 @@ def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int, costs: Mapp
             "eps_bar": rep["eps_bar"]}
 
 
+def _tau_at(params: law.LawParams, mix: law.ClassMix, cls: str, gamma: float) -> float:
+    """The law's tau of class `cls` at a mean draft length `gamma` (linear between whole lengths)."""
+    lo = max(int(math.floor(gamma)), 1)
+    t_lo = float(law.tau_by_class(params, mix, lo)[cls])
+    if gamma <= lo:
+        return t_lo * gamma / lo
+    t_hi = float(law.tau_by_class(params, mix, lo + 1)[cls])
+    return t_lo + (gamma - lo) * (t_hi - t_lo)
+
+
+def tau_rounds(fit: Mapping, run: Mapping, pred: Mapping) -> float | None:
+    """The law's mean accepted prefix per round of a run: each class's tau at that class's own mean
+    drafted length (as measured, not gamma_max), weighted by the class's rounds. None without rounds
+    per class (then the mixed tau at the run's mean length stands)."""
+    by = {c: b for c, b in run["by_class"].items() if c in CLASSES and b.get("rounds")}
+    if not by or sum(b["rounds"] for b in by.values()) < run["rounds"]:
+        return None
+    shares = {c: float(run["w"].get(c) or 0.0) for c in CLASSES}
+    total = sum(shares.values()) or 1.0
+    params = law.LawParams(fit["kappa"], pred["delta"], pred["d"])
+    mix = law.ClassMix({c: v / total for c, v in shares.items()}, dict(fit["rho"]))
+    return sum(b["rounds"] * _tau_at(params, mix, c, b["drafted"] / b["rounds"]) for c, b in by.items()) / run["rounds"]
+
+
 def _composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
     """The pass composition used for a prediction; without the drafter's step log (vLLM's per-request
     totals only) its drafts are spread evenly over the run's row-passes."""
@@ -316,8 +340,9 @@ def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mappi
     off.update(drafted=0.0, drafted_ctx=0.0, drafted_s=0.0)
     t_spec = model.seconds(**spec, proposer=proposer or False)
     t_off = model.seconds(**off, proposer=False)
-    acc_pred = 1.0 + f * pred["tau"]
-    predicted = float(1.0 / law.pass_cost_ratio(pred["tau"], t_off, t_spec, f))
+    tau = pred.get("tau_rounds", pred["tau"])  # per class at its own drafted length, as the rounds fell
+    acc_pred = 1.0 + f * tau
+    predicted = float(1.0 / law.pass_cost_ratio(tau, t_off, t_spec, f))
     acc_meas = run["output_tokens"] / row_passes
     factors = {"tokens per row-pass (tau)": {"predicted": acc_pred, "measured": acc_meas, "error": acc_pred / acc_meas}}
     measured = run.get("speedup_decode")
@@ -415,6 +440,10 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
             run_costs = law_costs(model, _composition(comp, r, key in joined), proposers.get(r["mode"])) \
                 if model is not None and comp else None
             r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])), run_costs)
+            if r["predicted"]:
+                per_class = tau_rounds(fit, r, r["predicted"])
+                if per_class is not None:
+                    r["predicted"]["tau_rounds"] = per_class
             if model is not None and comp:
                 chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])),
                                     proposers.get(r["mode"]), key in joined)
