@@ -108,6 +108,8 @@ def test_observer_reads_suffix_rows_from_the_input_batch(tmp_path):
 
 def test_observer_failure_never_breaks_decoding(tmp_path):
     drafter = _Ngram()
-    StockDraftObserver(drafter, "ngram", tmp_path / "missing-dir" / "records.jsonl")
+    obs = StockDraftObserver(drafter, "ngram", tmp_path)  # a folder: every append fails
     ids = np.ones((1, 4), dtype=np.int64)
     assert drafter.propose(8, [[1]], np.array([2]), ids) == [[2, 2, 2]]
+    assert drafter.propose(8, [[1]], np.array([2]), ids) == [[2, 2, 2]]
+    assert obs.failures == 2

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from agentspec_sdk.drafting.fingerprint import prefix_hashes
+from agentspec_sdk.drafting.records import append_records
 
 log = logging.getLogger("agentspec.backends")
 
@@ -45,11 +46,12 @@ ROWS = {"ngram": _rows_ngram, "suffix": _rows_suffix}
 class StockDraftObserver:
     """Wraps `drafter.propose` in place; `close()` puts the original back."""
 
-    def __init__(self, drafter, method: str, records_path: str | Path):
+    def __init__(self, drafter, method: str, records_path: str | Path, records_max_bytes: int | None = None):
         if method not in ROWS:
             raise ValueError(f"no observer for drafter method {method!r}")
         self.drafter, self.method = drafter, method
         self.records_path = Path(records_path)
+        self.records_max_bytes = records_max_bytes  # rotated as the structure proposer's records are
         self._rows = ROWS[method]
         self._original = drafter.propose
         self.failures = 0
@@ -84,8 +86,7 @@ class StockDraftObserver:
         lines.append(json.dumps({"type": "step", "t": round(at, 6), "rows": len(drafts), "drafted": drafted,
                                  "proposer_s": round(seconds, 7), "errors": 0, "ctx": ctx,
                                  "drafted_ctx": drafted_ctx}))
-        with self.records_path.open("a", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
+        append_records(self.records_path, lines, self.records_max_bytes)
 
     def close(self) -> None:
         self.drafter.propose = self._original

@@ -173,7 +173,8 @@ class Engine:
         self._engine = self._llm.llm_engine
         # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.
         drafter = self.proposer() if speculation in STOCK else None
-        self._observer = StockDraftObserver(drafter, speculation, self.records_path) if drafter else None
+        self._observer = StockDraftObserver(drafter, speculation, self.records_path,
+                                            self.plan.records_max_bytes) if drafter else None
         self._inbox: queue.Queue[_Live] = queue.Queue()
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
