@@ -202,6 +202,8 @@ def law_costs(model: law.PassCosts, comp: Mapping, proposer: Mapping | None = No
     ctx_row = float(comp["ctx"]) / n
     schema = float(comp["drafted_s"]) / comp["drafted"] if comp.get("drafted") else 0.0
     t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], proposer=False)
+    if t_off <= 0:
+        raise LawInputError(f"the pass cost model predicts {t_off:.3g} s for a pass of {n:.1f} rows: no law terms")
     c = model.coef
     per_token = c["verified"] + c["verified_ctx"] * ctx_row / 1000.0 + c["schema"] * schema
     prop = (model.proposer if proposer is None else proposer) or {}
@@ -422,8 +424,12 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         proposers[mode] = law.fit_proposer([_cycle(p) for k in joined if k[1] == mode for p in tables[k]])
     primary_key = next((k for k in comps if k[1] == "structure" and k[0][1] == primary["batch"]
                         and k[0][2] == gamma and comps[k]), None)
-    if model is not None and primary_key is not None:
-        costs = {**law_costs(model, comps[primary_key]), "model": model.to_dict(), "source": pass_source,
+    try:
+        law_terms = law_costs(model, comps[primary_key]) if model is not None and primary_key is not None else None
+    except LawInputError as exc:
+        law_terms, model_method = None, str(exc)
+    if law_terms is not None:
+        costs = {**law_terms, "model": model.to_dict(), "source": pass_source,
                  "method": f"pass cost model ({model_method}, {pass_source}); law terms at the primary "
                            f"structure run's mean pass"}
     else:
@@ -437,16 +443,24 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         key = (run_key(r), r["mode"])
         if fit is not None and r["mode"] in SPECULATIVE and r["output_tokens"] and r["rounds"]:
             comp = comps.get(key)
-            run_costs = law_costs(model, _composition(comp, r, key in joined), proposers.get(r["mode"])) \
-                if model is not None and comp else None
+            try:
+                run_costs = law_costs(model, _composition(comp, r, key in joined), proposers.get(r["mode"])) \
+                    if model is not None and comp else None
+            except LawInputError:
+                run_costs = None
             r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])), run_costs)
             if r["predicted"]:
                 per_class = tau_rounds(fit, r, r["predicted"])
                 if per_class is not None:
                     r["predicted"]["tau_rounds"] = per_class
+            chk = None
             if model is not None and comp:
-                chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])),
-                                    proposers.get(r["mode"]), key in joined)
+                try:
+                    chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])),
+                                        proposers.get(r["mode"]), key in joined)
+                except LawInputError as exc:  # a fit that predicts a non-positive pass here: no check, and why
+                    r["predicted"]["check_error"] = str(exc)
+            if chk is not None:
                 r["predicted"].update(speedup=chk["speedup"], saving=chk["saving"], check=chk)
                 if chk["measured"]:
                     name = f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}" + ("" if r["prefix_cache"] else "/no-cache")
