@@ -28,7 +28,7 @@ FORMAT = "code_agent"
 PASSED = "All tests passed."
 MAX_STEPS = 3
 OBSERVATION_LINES = 12  # the tail of a failing run the agent is shown (a 135M model's context is short)
-LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=512 * 2**20, output_bytes=8 * 2**10)
+LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=10, memory_bytes=512 * 2**20, output_bytes=8 * 2**10)
 SYSTEM_PROMPT = ("You are a Python programmer. Write the complete function the user asks for, with its "
                  "imports, in one ```python fenced block. If the tests fail, fix the function.")
 

@@ -207,6 +207,30 @@ def _probe() -> str:
     return "none"
 
 
+def uid_processes(uid: int) -> list[int]:
+    """Pids of the processes whose real uid is `uid` (from /proc)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as status:
+                for line in status:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            pids.append(int(entry.name))
+                        break
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+def _wait_uid_gone(uid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while uid_processes(uid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _hidden_ancestor(path: Path) -> tuple[str, str] | None:
     """(the first ancestor of `path` that others may not enter, its child on the way to `path`)."""
     parts = path.parts
@@ -273,6 +297,7 @@ class Sandbox:
             return self._run(cmd, code, start)
         finally:
             if uid is not None:
+                _wait_uid_gone(uid)  # a killed fork bomb's processes exit a moment after their PID 1
                 with _uid_lock:
                     _uids_in_use.discard(uid)
 
