@@ -160,3 +160,13 @@ def test_each_drafter_gets_its_own_proposer_terms_and_the_target_terms_are_share
     keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx")
     assert fit.seconds(**{k: p[k] for k in keys}, proposer=law.fit_proposer(b)) == pytest.approx(p["s"], abs=0.004)
     assert law.fit_proposer(a[:5]) == {}
+
+
+def test_a_cost_the_data_pulls_below_zero_is_set_to_zero_and_the_rest_refitted():
+    passes = synthetic_passes(noise=0.0005)
+    for p in passes:  # schema rows made passes 0.1 ms per drafted token faster: no cost can be negative
+        p["s"] -= (TRUE["schema"] + 0.0001) * p["drafted_s"]
+    fit = law.fit_pass_costs(passes)
+    assert fit.coef["schema"] == 0.0 and fit.dropped["schema"].startswith("fitted -0.0001")
+    assert all(v >= 0 for v in fit.coef.values())
+    assert fit.coef["verified"] > 0 and fit.coef["prefill"] == pytest.approx(TRUE["prefill"], rel=0.05)

@@ -543,8 +543,23 @@ class PassCosts:
 
 
 def _lsq(y: np.ndarray, cols: dict[str, np.ndarray]) -> tuple[dict, dict, dict, np.ndarray]:
-    """Least squares on the columns that carry information, in the given order; a column with no
-    spread (other than the intercept) or that would make the design rank-deficient is dropped."""
+    """Least squares on the columns that carry information, every cost >= 0: a column with no spread
+    (other than the intercept) or that would make the design rank-deficient is dropped, then the most
+    negative fitted cost is dropped (set to 0) and the rest refitted until none is negative."""
+    coef, se, dropped, resid = _lsq_once(y, cols)
+    while True:
+        negative = [(v, k) for k, v in coef.items() if k != "base" and k not in dropped and v < 0]
+        if not negative:
+            return coef, se, dropped, resid
+        value, name = min(negative)
+        kept = {k: v for k, v in cols.items() if k not in dropped and k != name}
+        coef, se, more, resid = _lsq_once(y, kept)
+        dropped = {**dropped, **more, name: f"fitted {value:.3g} < 0: set to 0"}
+        coef = {k: coef.get(k, 0.0) for k in cols}
+        se = {k: se.get(k, 0.0) for k in cols}
+
+
+def _lsq_once(y: np.ndarray, cols: dict[str, np.ndarray]) -> tuple[dict, dict, dict, np.ndarray]:
     names, kept, dropped = [], [], {}
     for name, col in cols.items():
         if name != "base" and float(np.ptp(col)) == 0.0:
