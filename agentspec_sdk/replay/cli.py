@@ -90,6 +90,7 @@ def _execute(plan, out: Path, desc: str) -> dict:
 
 
 DEMO_ENTROPY_TOKENS = 20_000  # prompt + output tokens the demo's kappa fit scores (docs/replay.md: ≈ 30 s here)
+QUICK_ENTROPY_TOKENS = 8_000  # --quick: ≈ 12 s
 
 
 def demo(out: OUT = Path("agentspec-demo"),
@@ -121,7 +122,7 @@ def demo(out: OUT = Path("agentspec-demo"),
         arms = [arm] + ([build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else [])
         plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
-                    entropies=entropies, entropy_tokens=DEMO_ENTROPY_TOKENS,
+                    entropies=entropies, entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
                     meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
         _execute(plan, out, "demo")
     except AgentSpecError as err:
