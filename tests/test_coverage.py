@@ -1,4 +1,5 @@
-"""`agentspec coverage`: counts per dataset on a small real sample (compile, llguidance, xgrammar)."""
+"""`agentspec coverage`: counts per dataset on a small real sample (compile; lark, llguidance and
+xgrammar; exactness: completeness, soundness, disagreements)."""
 
 from __future__ import annotations
 
@@ -45,24 +46,51 @@ def sample(tmp_path):
     return tmp_path
 
 
+COUNTS = {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact", "completeness_failures",
+          "soundness_failures", "completeness_unchecked", "disagreements", "examples"}
+
+
 def test_coverage_counts_on_a_sample(sample, checker):
-    datasets, reasons = coverage_report(sample, checker)
-    assert datasets["Glaiveai2K"] == {"total": 2, "compiled": 2, "llguidance_ok": 2, "xgrammar_ok": 2}
+    datasets, reasons = coverage_report(sample, checker, seconds=2.0)
+    glaive = datasets["Glaiveai2K"]
+    assert set(glaive) == COUNTS
+    assert {k: glaive[k] for k in ("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok")} == dict.fromkeys(
+        ("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok"), 2)
+    assert glaive["exact"] == 2 and glaive["completeness_failures"] == glaive["soundness_failures"] == 0
+    assert glaive["disagreements"] == 0 and glaive["examples"] == {}
     assert datasets["Github_easy"]["total"] == 2
     assert datasets["Github_easy"]["compiled"] == 1
     assert any("contains" in reason for reason in reasons)
 
 
+def test_exactness_failures_are_counted_with_an_example(tmp_path, checker):
+    """A relaxation makes the grammar a superset (uniqueItems ignored): the soundness walk finds an
+    array with repeated items that jsonschema rejects, and the dataset counts it with its text."""
+    (tmp_path / "mine").mkdir()
+    schema = {"type": "array", "items": {"enum": [1, 2]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
+    (tmp_path / "mine" / "repeats.json").write_text(json.dumps(schema))
+    datasets, _ = coverage_report(tmp_path, checker, relax=("uniqueItems",), seconds=8.0)
+    counts = datasets["mine"]
+    assert counts["compiled"] == 1 and counts["exact"] == 0 and counts["soundness_failures"] == 1
+    failure = counts["examples"]["soundness_failures"]
+    assert failure["schema"] == "repeats.json" and json.loads(failure["text"]) in ([1, 1], [2, 2])
+
+
+def test_no_exactness_checks_with_zero_seconds(sample, checker):
+    datasets, _ = coverage_report(sample, checker, limit=1, seconds=0)
+    assert datasets["Glaiveai2K"]["exact"] is None and datasets["Glaiveai2K"]["compiled"] == 1
+
+
 def test_coverage_command_prints_the_json_contract(sample):
     from agentspec_sdk.cli import app
 
-    result = CliRunner().invoke(app, ["coverage", str(sample), "--json", "--limit", "1"])
+    result = CliRunner().invoke(app, ["coverage", str(sample), "--json", "--limit", "1", "--seconds", "1"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output.strip().splitlines()[-1])
     assert set(report) == {"datasets"}
     assert set(report["datasets"]) == {"Glaiveai2K", "Github_easy"}
     for counts in report["datasets"].values():
-        assert set(counts) == {"total", "compiled", "llguidance_ok", "xgrammar_ok"}
+        assert set(counts) == COUNTS
         assert counts["total"] == 1
 
 
@@ -71,3 +99,19 @@ def test_coverage_rejects_a_folder_without_datasets(tmp_path, checker):
 
     with pytest.raises(typer.BadParameter):
         coverage_report(tmp_path, checker)
+
+
+def test_completeness_finds_valid_instances_a_restricted_grammar_rejects(checker):
+    """`closed=True` admits no undeclared keys, JSON Schema does: hypothesis-jsonschema's instances
+    with extra keys are valid, llguidance rejects them, and the check reports one."""
+    from agentspec_sdk.structure.exactness import check_exactness
+    from agentspec_sdk.structure.schema_compiler import schema_rules
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    rules = schema_rules(schema, "s", closed=True)
+    judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
+    result = check_exactness(schema, judges, seconds=10.0, examples=20, closed=True)  # generous: CI may be loaded
+    assert result.completeness_checked > 0 and not result.exact
+    extra = json.loads(result.completeness_failure)
+    assert set(extra) - {"a"}, extra
+    assert result.soundness_checked > 0 and result.soundness_failure is None  # a restriction stays sound

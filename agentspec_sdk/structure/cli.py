@@ -1,6 +1,8 @@
-"""`agentspec coverage DIR`: how many JSON Schemas of each dataset compile, and whether their
-grammars compile in llguidance (Lark rendering) and xgrammar (EBNF rendering) against the default
-model's tokenizer. DIR holds one sub-folder of `*.json` schemas per dataset."""
+"""`agentspec coverage DIR`: per dataset, how many JSON Schemas compile, whether their grammars
+compile under the three judges (python lark; llguidance, Lark rendering; xgrammar, EBNF rendering;
+the default model's tokenizer) and whether each grammar is exact (`exactness.py`: completeness
+against hypothesis-jsonschema instances, soundness of random walks over llguidance's masks, and
+the texts on which the judges disagree). DIR holds one sub-folder of `*.json` schemas per dataset."""
 
 from __future__ import annotations
 
@@ -13,18 +15,29 @@ import typer
 from agentspec_sdk.errors import SchemaNotSupported
 from agentspec_sdk.structure.schema_compiler import schema_rules
 
+EXACTNESS_KEYS = ("exact", "completeness_failures", "soundness_failures", "completeness_unchecked", "disagreements")
 
-def coverage_report(root: Path, checker, *, limit: int = 0, relax=()) -> tuple[dict, Counter]:
-    """Per dataset {"total", "compiled", "llguidance_ok", "xgrammar_ok"}, and failure reasons."""
-    datasets: dict[str, dict[str, int]] = {}
+
+def coverage_report(root: Path, checker, *, limit: int = 0, relax=(), seconds: float = 2.0) -> tuple[dict, Counter]:
+    """Per dataset {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact",
+    "completeness_failures", "soundness_failures", "completeness_unchecked", "disagreements",
+    "examples"} and failure reasons. `seconds`: time for the exactness checks per schema (0: no
+    checks, their counts are None). `examples` holds one schema and text per kind of failure."""
+    from agentspec_sdk.structure.exactness import check_exactness
+
+    datasets: dict[str, dict] = {}
     reasons: Counter = Counter()
     folders = sorted(p for p in root.iterdir() if p.is_dir())
     if not folders:
         raise typer.BadParameter(f"{root} has no dataset sub-folders")
     for folder in folders:
-        counts = {"total": 0, "compiled": 0, "llguidance_ok": 0, "xgrammar_ok": 0}
+        counts: dict = {"total": 0, "compiled": 0, "lark_ok": 0, "llguidance_ok": 0, "xgrammar_ok": 0}
+        counts.update(dict.fromkeys(EXACTNESS_KEYS, 0 if seconds > 0 else None))
+        examples: dict[str, dict] = {}
         files = sorted(folder.glob("*.json"))
-        for path in files[:limit] if limit else files:
+        if limit and limit < len(files):  # evenly spaced over the sorted names: a sample, not a prefix
+            files = [files[i * len(files) // limit] for i in range(limit)]
+        for path in files:
             counts["total"] += 1
             try:
                 schema = json.loads(path.read_text(encoding="utf-8"))
@@ -36,16 +49,26 @@ def coverage_report(root: Path, checker, *, limit: int = 0, relax=()) -> tuple[d
                 reasons[f"{folder.name}: unreadable: {exc}"] += 1
                 continue
             counts["compiled"] += 1
-            error = checker.llguidance_error(f"start: {rules.root}\n{rules.lark}")
-            if error is None:
-                counts["llguidance_ok"] += 1
-            else:
-                reasons[f"{folder.name}: llguidance: {error.splitlines()[0][:100]}"] += 1
-            error = checker.xgrammar_error(f"root ::= {rules.root}\n{rules.gbnf}")
-            if error is None:
-                counts["xgrammar_ok"] += 1
-            else:
-                reasons[f"{folder.name}: xgrammar: {error.splitlines()[0][:100]}"] += 1
+            judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
+            for name, error in judges.errors.items():
+                if error is None:
+                    counts[f"{name}_ok"] += 1
+                else:
+                    reasons[f"{folder.name}: {name}: {error.splitlines()[0][:100]}"] += 1
+            if seconds <= 0:
+                continue
+            result = check_exactness(schema, judges, seconds=seconds, relax=relax)
+            counts["exact"] += result.exact
+            for key, found in (("completeness_failures", result.completeness_failure),
+                               ("soundness_failures", result.soundness_failure),
+                               ("disagreements", result.disagreement),
+                               ("completeness_unchecked", result.completeness_unchecked)):
+                if found is not None:
+                    counts[key] += 1
+                    examples.setdefault(key, {"schema": path.name, "text": found})
+            if result.completeness_unchecked:
+                reasons[f"{folder.name}: completeness unchecked: {result.completeness_unchecked[:80]}"] += 1
+        counts["examples"] = examples
         datasets[folder.name] = counts
     return datasets, reasons
 
@@ -59,24 +82,33 @@ def _reason(exc: SchemaNotSupported) -> str:
 def coverage(
     dir: Path = typer.Argument(..., exists=True, file_okay=False, help="one sub-folder of *.json schemas per dataset"),
     json_: bool = typer.Option(False, "--json", help="print only the JSON summary"),
-    limit: int = typer.Option(0, "--limit", help="at most this many schemas per dataset (0: all)"),
+    limit: int = typer.Option(0, "--limit", help="at most this many schemas per dataset, evenly spaced (0: all)"),
     relax: list[str] = typer.Option([], "--relax", help="opt-in relaxation (see docs/schema_coverage.md)"),
+    seconds: float = typer.Option(2.0, "--seconds", help="time per schema for the exactness checks (0: skip them)"),
 ) -> None:
-    """Share of schemas per dataset that compile, and compile in llguidance and xgrammar."""
+    """Per dataset: schemas that compile, compile under lark, llguidance and xgrammar, and are exact."""
     from transformers import AutoTokenizer  # the command loads the tokenizer; the checker does not
 
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.structure.grammar_checks import GrammarChecker
 
+    if seconds < 0:
+        raise typer.BadParameter(f"--seconds must be 0 or more, not {seconds}")
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model()))
-    datasets, reasons = coverage_report(dir, GrammarChecker(tokenizer), limit=limit, relax=tuple(relax))
+    datasets, reasons = coverage_report(dir, GrammarChecker(tokenizer), limit=limit, relax=tuple(relax), seconds=seconds)
     if json_:
-        typer.echo(json.dumps({"datasets": datasets}))
+        typer.echo(json.dumps({"datasets": datasets}, ensure_ascii=False))
         return
-    typer.echo(f"{'dataset':<16}{'total':>7}{'compiled':>10}{'llguidance':>12}{'xgrammar':>10}")
+    columns = ["total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", *EXACTNESS_KEYS]
+    widths = [len(k) + 2 for k in columns]
+    typer.echo(f"{'dataset':<16}" + "".join(f"{k:>{w}}" for k, w in zip(columns, widths, strict=True)))
     for name, c in datasets.items():
-        share = c["compiled"] / c["total"] if c["total"] else 0.0
-        typer.echo(f"{name:<16}{c['total']:>7}{c['compiled']:>10}{c['llguidance_ok']:>12}{c['xgrammar_ok']:>10}   ({share:.1%} compiled)")
+        share = (c["exact"] or 0) / c["total"] if c["total"] else 0.0
+        cells = "".join(f"{'-' if c[k] is None else c[k]:>{w}}" for k, w in zip(columns, widths, strict=True))
+        typer.echo(f"{name:<16}{cells}   ({share:.1%} exact)")
+    for name, c in datasets.items():
+        for kind, example in c["examples"].items():
+            typer.echo(f"{name}: {kind}: {example['schema']}: {example['text'][:160]}")
     if reasons:
         typer.echo("\nmost frequent failures:")
         for reason, n in reasons.most_common(25):

@@ -74,6 +74,19 @@ class GrammarChecker:
         out[tokenizer.eos_token] = 256
         return out
 
+    @cached_property
+    def single_byte_tokens(self) -> list[int]:
+        """Byte value -> the token that is exactly that byte, or -1 (byte-level vocabularies have
+        nearly all 256)."""
+        found = [-1] * 256
+        tokenizer = self.llguidance_tokenizer
+        for t in range(tokenizer.vocab_size):
+            if not tokenizer.is_special_token(t):
+                raw = tokenizer.decode_bytes([t])
+                if len(raw) == 1 and found[raw[0]] < 0:
+                    found[raw[0]] = t
+        return found
+
     def mask_first_bytes(self, bits) -> frozenset[int]:
         """First bytes of the tokens a mask allows (numpy uint8 array, little-endian bit order)."""
         import numpy as np
@@ -88,6 +101,15 @@ class GrammarChecker:
         bitmask = xgrammar.allocate_token_bitmask(1, self.xgrammar_info.vocab_size)
         matcher.fill_next_token_bitmask(bitmask)
         return bitmask[0].numpy().view("uint8")
+
+    def tokens_of(self, text: str) -> list[int] | None:
+        """The tokenizer's tokens for `text`, or None when they do not spell it byte for byte
+        (SmolLM2's vocabulary has no token for the bytes 0xF1 and 0xF2: code points U+40000 to
+        U+BFFFF cannot be written, and the Hugging Face tokenizer silently drops them)."""
+        tokens = self.hf_tokenizer.encode(text, add_special_tokens=False)
+        if self.llguidance_tokenizer.decode_bytes(tokens) != text.encode("utf-8"):
+            return None
+        return tokens
 
     def judges(self, lark_text: str, gbnf_text: str) -> Judges:
         return Judges(self, lark_text, gbnf_text)
@@ -127,7 +149,8 @@ class Judges:
     """One grammar (Lark and EBNF renderings of the same rules) under the three judges.
 
     `errors[name]` is None when that judge compiled the grammar, else its message; `verdicts`
-    gives None for a judge that did not compile it."""
+    gives None for a judge that did not compile it (and llguidance None for a text the tokenizer
+    cannot spell)."""
 
     def __init__(self, checker: GrammarChecker, lark_text: str, gbnf_text: str):
         import lark
@@ -170,8 +193,10 @@ class Judges:
     def llguidance_accepts(self, text: str) -> bool | None:
         if self.llg is None:
             return None
+        tokens = self.checker.tokens_of(text)
+        if tokens is None:
+            return None
         matcher = self.llg.deep_copy()
-        tokens = self.checker.hf_tokenizer.encode(text, add_special_tokens=False)
         return matcher.consume_tokens(tokens) and matcher.is_accepting()
 
     def xgrammar_accepts(self, text: str) -> bool | None:
@@ -191,8 +216,9 @@ class Judges:
         compile the grammar or rejects the prefix itself."""
         if self.llg is None or self.xg is None:
             return None
+        tokens = self.checker.tokens_of(prefix)
         matcher = self.llg.deep_copy()
-        if not matcher.consume_tokens(self.checker.hf_tokenizer.encode(prefix, add_special_tokens=False)):
+        if tokens is None or not matcher.consume_tokens(tokens):
             return None
         self.xg.reset()
         if not self.xg.accept_string(prefix):

@@ -85,7 +85,9 @@ RELAXATIONS = {
 }
 
 # Formats as ECMA regexes over the decoded string (approximations documented in schema_coverage.md).
-_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+_MONTH_DAY = r"((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))"
+_LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+_DATE = rf"(\d{{4}}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"  # RFC 3339 full-date, month lengths and leap years exact
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 FORMATS = {
