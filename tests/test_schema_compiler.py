@@ -425,3 +425,51 @@ def test_oneof_literal_against_a_typed_branch_is_exclusive_only_when_provably_so
         compile_schema({"oneOf": [{"const": {"a": 1, "b": 2}}, {"enum": [{"b": 2, "a": 1}]}]})
     grammar = compile_schema({"oneOf": [{"const": 1}, {"type": "integer", "minimum": 5}]})
     assert accepts(grammar, "1") and accepts(grammar, "5") and not accepts(grammar, "2")
+
+
+# ---------------------------------------------------------------- unevaluated*
+
+UNEVALUATED_CASES = [
+    ({"properties": {"foo": {"type": "string"}}, "allOf": [{"properties": {"bar": {"type": "string"}}}],
+      "unevaluatedProperties": False}, ['{"foo":"a","bar":"b"}', '{"foo":"a","bar":"b","baz":"c"}', '{"foo":"a"}']),
+    ({"properties": {"foo": {"type": "string"}}, "allOf": [{"additionalProperties": True}], "unevaluatedProperties": False},
+     ['{"foo":"a","bar":1}']),
+    ({"$defs": {"b": {"properties": {"bar": {"type": "string"}}}}, "$ref": "#/$defs/b",
+      "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": {"type": "integer"}},
+     ['{"foo":"a","bar":"b"}', '{"foo":"a","x":1}', '{"foo":"a","x":"1"}']),
+    ({"properties": {"foo": {"type": "string"}}, "oneOf": [
+        {"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
+        {"properties": {"kind": {"const": "b"}, "y": {"type": "integer"}}, "required": ["kind"]}], "unevaluatedProperties": False},
+     ['{"foo":"a","kind":"a","x":1}', '{"kind":"b","y":2}', '{"kind":"a","y":2}', '{"kind":"b","x":1,"q":1}']),
+    ({"properties": {"foo2": {}}, "dependentSchemas": {"foo": {}, "foo2": {"properties": {"bar": {}}}}, "unevaluatedProperties": False},
+     ['{"foo":""}', '{"foo2":"","bar":""}', '{"bar":""}']),
+    ({"prefixItems": [{"type": "string"}], "allOf": [{"prefixItems": [True, {"type": "number"}]}], "unevaluatedItems": False},
+     ['["a",1]', '["a",1,true]', '["a"]']),
+    ({"items": {"type": "number"}, "unevaluatedItems": {"type": "string"}}, ["[1,2]", '[1,"x"]']),
+    ({"prefixItems": [{"const": "foo"}], "unevaluatedItems": {"type": "boolean"}}, ['["foo",true]', '["foo",1]']),
+]
+
+
+@pytest.mark.parametrize("schema, texts", UNEVALUATED_CASES, ids=[str(i) for i in range(len(UNEVALUATED_CASES))])
+def test_unevaluated_keywords_where_the_merged_scope_is_exact(checker, schema, texts):
+    """unevaluated* as additionalProperties/items of the merged schema, where the merge keeps the
+    evaluated set (allOf, $ref siblings, exclusive branches): verdicts equal jsonschema's 2020-12."""
+    import jsonschema
+
+    schema = {"$schema": D2020, **schema}
+    validator = jsonschema.Draft202012Validator(schema)
+    for text, verdicts in verdicts_of(checker, schema, texts).items():
+        expected = validator.is_valid(json.loads(text))
+        assert set(verdicts.values()) == {expected}, f"{text}: valid={expected}, judges {verdicts}"
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"allOf": [{"properties": {"foo": True}}, {"unevaluatedProperties": False}]}, "/unevaluatedProperties"),
+    ({"anyOf": [{"properties": {"a": True}}, {"properties": {"b": True}}], "unevaluatedProperties": False}, "/unevaluatedProperties"),
+    ({"prefixItems": [True], "anyOf": [{"prefixItems": [True, True]}, {"prefixItems": [True, {"type": "string"}]}],
+      "unevaluatedItems": False}, "/unevaluatedItems"),
+])
+def test_unevaluated_keywords_the_merge_cannot_express_are_refused(schema, pointer):
+    with pytest.raises(SchemaNotSupported, match="unevaluated") as info:
+        compile_schema(schema)
+    assert info.value.pointer == pointer

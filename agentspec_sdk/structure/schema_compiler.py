@@ -63,7 +63,7 @@ HANDLED = {
     "allOf", "$ref", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength",
     "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "nullable", "patternProperties", "minProperties", "uniqueItems", "dependencies",
-    "dependentRequired", "dependentSchemas",
+    "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
 }
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 _NUMBER_PARTS = re.compile(r"(-?)(\d+)(\.\d+)?([eE][+-]?\d+)?")
@@ -72,7 +72,7 @@ _NUMBER_PARTS = re.compile(r"(-?)(\d+)(\.\d+)?([eE][+-]?\d+)?")
 UNSUPPORTED = {
     "not", "if", "then", "else",
     "propertyNames", "maxProperties", "contains", "minContains", "maxContains", "multipleOf",
-    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
+    "$dynamicRef", "$recursiveRef", "extends",
     "disallow", "divisibleBy",
 }
 TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
@@ -448,6 +448,11 @@ class _Compiler:
                     flat = self.flatten(dep, _ptr(pointer, keyword, name), frozenset()) if isinstance(dep, dict) else dep
                     if flat is True:
                         flat = {}
+                    if isinstance(flat, dict):
+                        flat, props_done, items_done = self.nested_unevaluated(flat, _ptr(pointer, keyword, name))
+                        if (props_done and "unevaluatedProperties" in schema) or (items_done and "unevaluatedItems" in schema):
+                            raise SchemaNotSupported("unevaluated* beside a dependent schema that evaluates everything "
+                                                     "is not expressible", _ptr(pointer, keyword, name))
                     present = False if flat is False else merge({"required": [name]}, flat, pointer)
                 else:
                     raise InvalidSchema(f"{keyword} values must be arrays of names or schemas", _ptr(pointer, keyword, name))
@@ -579,13 +584,46 @@ class _Compiler:
                 if not isinstance(member, dict):
                     raise InvalidSchema("allOf members must be schemas", _ptr(pointer, "allOf", i))
                 parts.append(self.flatten(member, _ptr(pointer, "allOf", i), inlining))
-        result = rest
+        if any(part is False for part in parts):
+            return False
+        all_props = all_items = False
+        for i, part in enumerate(parts):
+            parts[i], props_done, items_done = self.nested_unevaluated(part, pointer)
+            all_props, all_items = all_props or props_done, all_items or items_done
+        result = dict(rest)
         for part in parts:
-            if part is False:
-                return False
             result = merge(result, part, pointer)
             if result is False:
                 return False
+        return self.settle_unevaluated(result, [rest, *parts], all_props, all_items)
+
+    # ------------------------------------------------------------ unevaluated*
+
+    def nested_unevaluated(self, part: dict, pointer: str) -> tuple[dict, bool, bool]:
+        """`unevaluated*` of a schema applied in place (allOf member, $ref beside siblings, anyOf /
+        oneOf branch, dependent schema) speaks of that schema's own scope, which merging loses:
+        `true` is kept as "everything evaluated" (it accepts all and evaluates all), anything
+        else is refused. Returns (part without them, all properties evaluated, all items)."""
+        done = {}
+        for key in ("unevaluatedProperties", "unevaluatedItems"):
+            if key in part:
+                if part[key] is not True:
+                    raise SchemaNotSupported(f"{key} inside an in-place applicator (allOf, $ref with siblings, "
+                                             "anyOf, oneOf, dependentSchemas) is not expressible", _ptr(pointer, key))
+                part = {k: v for k, v in part.items() if k != key}
+                done[key] = True
+        return part, "unevaluatedProperties" in done, "unevaluatedItems" in done
+
+    @staticmethod
+    def settle_unevaluated(result: dict, parts: list[dict], all_props: bool, all_items: bool) -> dict:
+        """An own `unevaluatedProperties` applies to keys that no `properties`/`patternProperties`
+        of the merged parts declares, which is what `object` does with it as additionalProperties,
+        unless some part has additionalProperties (then every key is evaluated); the same for
+        `unevaluatedItems` and items after the positional ones."""
+        if "unevaluatedProperties" in result and (all_props or any("additionalProperties" in p for p in parts)):
+            result.pop("unevaluatedProperties")
+        if "unevaluatedItems" in result and (all_items or any(_explicit_rest(p) for p in parts)):
+            result.pop("unevaluatedItems")
         return result
 
     # ------------------------------------------------------------ anyOf / oneOf
@@ -606,10 +644,16 @@ class _Compiler:
             flat = self.flatten(option, _ptr(pointer, key, i), frozenset())
             if flat is False:
                 continue
+            flat, props_done, items_done = self.nested_unevaluated(flat, _ptr(pointer, key, i))
             combined = merge(base, flat, pointer)
             if combined is not False:
-                merged.append((i, combined))
+                merged.append((i, self.settle_unevaluated(combined, [base, flat], props_done, items_done)))
                 raw.append(flat)
+        unevaluated = [k for k in ("unevaluatedProperties", "unevaluatedItems") if any(k in m for _, m in merged)]
+        if unevaluated and key == "anyOf" and not self.disjoint([m for _, m in merged], raw):
+            # several branches may hold, and each evaluates its own keys: not a per-branch merge
+            raise SchemaNotSupported(f"{unevaluated[0]} with anyOf branches that may overlap is not expressible",
+                                     _ptr(pointer, unevaluated[0]))
         if key == "oneOf" and "oneOf" not in self.relax and not self.disjoint([m for _, m in merged], raw):
             exclusive = _exclusive_required_branches(base, [flat for _, flat in merged_flat(self, options, pointer)])
             if exclusive is None:
@@ -774,13 +818,14 @@ class _Compiler:
                 raise SchemaNotSupported(f"{key} above {MAX_ITEMS_BOUND} is not supported", _ptr(pointer, key))
         if max_items is not None and max_items < min_items:
             return NOTHING
-        items = schema.get("items", True)
+        unevaluated = schema.get("unevaluatedItems", True)  # flatten dropped it where items say more
+        items = schema.get("items", unevaluated)
         if "prefixItems" in schema:
             prefix, prefix_key = schema["prefixItems"], "prefixItems"
             rest, rest_key = items, "items"
         elif isinstance(items, list):
             prefix, prefix_key = items, "items"
-            rest, rest_key = schema.get("additionalItems", True), "additionalItems"
+            rest, rest_key = schema.get("additionalItems", unevaluated), "additionalItems"
         else:
             prefix, prefix_key, rest, rest_key = [], "prefixItems", items, "items"
         if not isinstance(prefix, list):
@@ -815,7 +860,7 @@ class _Compiler:
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise InvalidSchema("required must be an array of strings", _ptr(pointer, "required"))
-        extra = schema.get("additionalProperties", not self.closed)
+        extra = schema.get("additionalProperties", schema.get("unevaluatedProperties", not self.closed))
         if not isinstance(extra, dict | bool):
             raise InvalidSchema("additionalProperties must be a schema", _ptr(pointer, "additionalProperties"))
         min_props = _non_negative_int(schema, "minProperties", pointer, 0)
@@ -1200,6 +1245,8 @@ def _forbids(this: dict, other: dict) -> bool:
     """`this` (as written) forbids, or pins to other constants, a key that `other` requires."""
     props = this.get("properties") or {}
     required = other.get("required") or []
+    if any(props.get(k) is False for k in required):
+        return True
     if this.get("additionalProperties") is False and not this.get("patternProperties"):
         if any(k not in props or props[k] is False for k in required):
             return True
@@ -1327,9 +1374,27 @@ def _merge_arrays(a: dict, b: dict, out: dict, pointer: str) -> None:
         prefix.append(x if _same(x, y) else {"allOf": [x, y]})
     for key in _ARRAY_KEYS:
         out.pop(key, None)
-    if prefix:
-        out["prefixItems"] = prefix
-    out["items"] = ra if _same(ra, rb) else {"allOf": [ra, rb]}
+    explicit = [r for r, side in ((ra, a), (rb, b)) if _explicit_rest(side)]
+    rest = explicit[0] if len(explicit) == 1 or (len(explicit) == 2 and _same(*explicit)) else (
+        {"allOf": explicit} if explicit else None)
+    if "prefixItems" in a or "prefixItems" in b:  # 2020-12's form
+        if prefix:
+            out["prefixItems"] = prefix
+        if rest is not None:
+            out["items"] = rest
+    elif prefix:  # the array form of drafts up to 2019-09 (which ignore prefixItems)
+        out["items"] = prefix
+        if rest is not None:
+            out["additionalItems"] = rest
+    elif rest is not None:
+        out["items"] = rest
+
+
+def _explicit_rest(schema: dict) -> bool:
+    """Whether the schema says what items after its positional ones must be."""
+    if isinstance(schema.get("items"), list):
+        return "additionalItems" in schema
+    return "items" in schema
 
 
 def merge(a: dict, b: dict, pointer: str):
