@@ -63,8 +63,8 @@ class Layer:
     """One decoder layer (RMSNorm, GQA attention over a KV cache, SwiGLU MLP) with random weights."""
 
     def __init__(self, s: Shape, batch: int, ctx: int, device: str, dtype: torch.dtype, gen: torch.Generator):
-        def w(*shape):
-            return (torch.randn(*shape, generator=gen, device="cpu", dtype=torch.float32) * 0.02).to(device, dtype)
+        def w(*shape):  # generated on the device itself: GBs of weights in seconds on a GPU
+            return torch.randn(*shape, generator=gen, device=device, dtype=dtype) * 0.02
 
         self.s = s
         self.qkv = w((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden)
@@ -97,10 +97,10 @@ class Layer:
 
 class Model:
     def __init__(self, s: Shape, batch: int, ctx: int, distinct: int, device: str, dtype: torch.dtype, seed: int):
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         self.s = s
         self.layers = [Layer(s, batch, ctx, device, dtype, gen) for _ in range(min(distinct, s.layers))]
-        self.head = (torch.randn(s.vocab, s.hidden, generator=gen) * 0.02).to(device, dtype)
+        self.head = torch.randn(s.vocab, s.hidden, generator=gen, device=device, dtype=dtype) * 0.02
         self.device, self.dtype = device, dtype
 
     @torch.inference_mode()

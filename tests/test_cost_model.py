@@ -128,7 +128,7 @@ def test_platform_layers_have_the_declared_shapes():
     gc = _gpu_costs()
     import torch
 
-    layer = gc.Layer(gc.TINY_TARGET, 2, 16, "cpu", torch.float32, torch.Generator().manual_seed(0))
+    layer = gc.Layer(gc.TINY_TARGET, 2, 16, "cpu", torch.float32, torch.Generator(device="cpu").manual_seed(0))
     s = gc.TINY_TARGET
     params = layer.qkv.numel() + layer.o.numel() + layer.gate_up.numel() + layer.down.numel()
     assert params == (s.hidden * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * s.hidden
