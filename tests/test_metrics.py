@@ -284,3 +284,48 @@ def test_serve_status_prints_acceptance_per_class_from_metrics():
     assert plain.exit_code == 0 and "no agentspec:* metrics" in plain.output
     bad = CliRunner().invoke(app, ["serve", "--status", "localhost:1"])
     assert bad.exit_code == 2 and "--status needs the server's URL" in bad.output
+
+
+def test_the_vllm_proposer_adapter_counts_steps_rows_and_batch_errors(tmp_path, monkeypatch):
+    """AgentSpecProposer as vLLM calls it (sampled ids, num_tokens_no_spec, the token table): the
+    process's metrics move with its steps; a drafter that raises counts one batch error."""
+    from types import SimpleNamespace
+
+    from prometheus_client import REGISTRY
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.vllm_proposer import AgentSpecProposer
+
+    model = resolve_model()
+    tok = AutoTokenizer.from_pretrained(model)
+    plan = DraftPlan(tools=[], tokenizer=str(model)).save(tmp_path / "plan.json")
+    monkeypatch.setenv("AGENTSPEC_PLAN", str(plan))
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                          model_config=SimpleNamespace(max_model_len=2048, tokenizer=str(model)))
+    proposer = AgentSpecProposer(cfg)
+    before = parse_agentspec(generate_latest(REGISTRY).decode())
+    msgs = [{"role": "user", "content": "Send it to Wilhelmina Oyelaran-Thistlewood."}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    target = tok.encode(prompt + '<tool_call>{"name": "send", "arguments": {"to": "Wilhelmina '
+                        'Oyelaran-Thistlewood"}}</tool_call><|im_end|>')
+    table = np.zeros((1, 2048), dtype=np.int64)
+    table[0, : len(target)] = target
+    k, steps = len(tok.encode(prompt)) + 1, 0
+    while k < len(target):
+        draft = proposer.propose([[target[k - 1]]], np.array([k]), table)[0]
+        steps += 1
+        acc = 0
+        for a, b in zip(draft, target[k:], strict=False):
+            if a != b:
+                break
+            acc += 1
+        k += acc + 1
+    proposer.drafter.propose = lambda rows: 1 / 0  # a drafter bug: the batch gets no drafts
+    assert proposer.propose([[target[-1]]], np.array([len(target)]), table) == [[]]
+    delta = subtract(parse_agentspec(generate_latest(REGISTRY).decode()), before)
+    s = summarize(delta)
+    assert s["steps"] == steps + 1 and s["rows"] == steps + 1 and s["batch_errors"] == 1
+    assert s["step_s"] > 0 and delta[("busy_steps",)] == steps  # every step after the first continued the row
+    own = proposer.drafter.stats()["by_class"]
+    assert sum(v["accepted"] for v in s["by_class"].values()) == sum(v["accepted"] for v in own.values()) > 0
