@@ -103,11 +103,13 @@ class SuffixDrafter:
         self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
         self.gamma, self.depth, self.max_model_len = gamma, max_tree_depth, max_model_len
         self.factor, self.min_prob, self.cut = max_spec_factor, min_token_prob, cut
+        self.probs: dict = {}  # row key -> the tree's probability estimate of each token of its last draft
 
     def __call__(self, rows) -> list[list[int]]:
         drafts = []
         for key, prompt_len, history, new in rows:
             num_tokens = len(history)
+            self.probs[key] = []
             if num_tokens >= self.max_model_len:
                 drafts.append([])
                 continue
@@ -121,6 +123,7 @@ class SuffixDrafter:
                                          max_spec_tokens=min(self.gamma, self.max_model_len - num_tokens - 1),
                                          max_spec_factor=self.factor, min_token_prob=self.min_prob)
             drafts.append(_cut(draft.token_ids, draft.probs, self.cut))
+            self.probs[key] = list(draft.probs[:len(drafts[-1])])
         return drafts
 
     def retire(self, key, new: list[int]) -> None:
@@ -128,6 +131,7 @@ class SuffixDrafter:
         if new:
             self.cache.add_active_response(key, [int(t) for t in new])
         self.cache.stop_request(key)
+        self.probs.pop(key, None)
 
 
 def _cut(tokens, probs, cut: float) -> list[int]:
@@ -219,14 +223,68 @@ def system_prompt_key(tokenizer_name: str | None = None):
     return key
 
 
-def longer(drafts: list[list[int]], truth: list[int]) -> int:
+def longer(drafts: list[list[int]], truth: list[int], **_) -> int:
     """Per step the longest draft (ties: the first drafter's): what a proposer holding both can do."""
     return max(range(len(drafts)), key=lambda j: (len(drafts[j]), -j))
 
 
-def better(drafts: list[list[int]], truth: list[int]) -> int:
+def better(drafts: list[list[int]], truth: list[int], **_) -> int:
     """Per step the draft that gets most tokens accepted (ties: the shorter): needs the future."""
     return max(range(len(drafts)), key=lambda j: (_agree(drafts[j], truth), -len(drafts[j]), -j))
+
+
+class ExpectedGain:
+    """Per step, of the structure draft and the suffix draft, the one (and its length) with the larger
+    expected saving E[accepted] - delta * length, or no draft when neither pays: what a proposer holding
+    both sources can decide without the future. Suffix tokens carry the tree's path probability; a
+    structure token at position j is accepted with probability a**j, a learned per law class of the
+    draft (Beta(1, 1) prior) from the tokens the target revealed after each step (the accepted ones
+    plus one), as a proposer sees them at its next step; tokens after the first a**j <= delta, or
+    after the first suffix probability <= delta, are not sent."""
+
+    def __init__(self, structure: StructureCall, suffix: SuffixDrafter, delta: float):
+        self.structure, self.suffix, self.delta = structure, suffix, delta
+        self.counts: dict = {}  # law class -> [accepted, rejected] judged structure tokens
+
+    def __call__(self, drafts: list[list[int]], truth: list[int], key=None, index: int = 0) -> tuple[int, int]:
+        st, sx = drafts
+        cls = self.structure.classes[index] if index < len(self.structure.classes) else None
+        hits, misses = self.counts.get(cls, (1, 1))
+        a = hits / (hits + misses)
+        n_st, gain_st, p = 0, 0.0, 1.0
+        while n_st < len(st) and p * a > self.delta:
+            p *= a
+            n_st += 1
+            gain_st += p - self.delta
+        probs = self.suffix.probs.get(key, [])
+        n_sx, gain_sx = 0, 0.0
+        while n_sx < len(sx) and n_sx < len(probs) and probs[n_sx] > self.delta:
+            gain_sx += probs[n_sx] - self.delta
+            n_sx += 1
+        pick, n = (0, n_st) if gain_st >= gain_sx else (1, n_sx)
+        revealed = _agree(drafts[pick][:n], truth) + 1
+        if st:  # what the next step shows of the structure draft, sent or not
+            agree = _agree(st, truth)
+            c = self.counts.setdefault(cls, [1, 1])
+            c[0] += min(agree, revealed)
+            c[1] += 1 if agree < min(len(st), revealed) else 0
+        return pick, n
+
+
+class StructureCall:
+    """The structure drafter as simulate calls it; `classes[k]`: the law class of row k's last draft."""
+
+    def __init__(self, drafter):
+        self.drafter, self.classes = drafter, []
+
+    def __call__(self, histories) -> list[list[int]]:
+        from agentspec_sdk.drafting.drafter import RowInput
+
+        drafts = self.drafter.propose([RowInput(h) for h in histories])
+        rows = getattr(self.drafter, "_rows", None) or []
+        self.classes = [rows[k].pending.law_class if d and k < len(rows) and rows[k] is not None
+                        and rows[k].pending is not None else None for k, d in enumerate(drafts)]
+        return drafts
 
 
 def _agree(draft: list[int], truth: list[int]) -> int:
@@ -274,7 +332,7 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True):
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+    from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
@@ -282,8 +340,7 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True):
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
                      learn_delta=False, suffix_trees=suffix_trees)
-    drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model))
-    return lambda histories: drafter.propose([RowInput(h) for h in histories])
+    return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)))
 
 
 def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None) -> dict:
@@ -319,14 +376,15 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
                 for i in active:
                     told[i] = pos[i]
                 options = [list(o) for o in zip(*per, strict=True)]
-            for i, drafts in zip(active, options, strict=True):
+            for k, (i, drafts) in enumerate(zip(active, options, strict=True)):
                 truth = group[i]["out"][pos[i]:]
                 drafts = [[int(t) for t in dr] for dr in drafts]
                 if trim is not None and propose is not None:
                     drafts = [trim(group[i], pos[i], dr) for dr in drafts]
-                pick = choose(drafts, truth) if len(drafts) > 1 else 0
+                pick = choose(drafts, truth, key=g + i, index=k) if len(drafts) > 1 else 0
+                pick, n = pick if isinstance(pick, tuple) else (pick, None)
                 picks[pick] += 1
-                draft = drafts[pick]
+                draft = drafts[pick][:n]
                 a = _agree(draft, truth)
                 pos[i] = min(len(group[i]["out"]), pos[i] + a + 1)
                 drafted += len(draft)
@@ -351,6 +409,8 @@ IDEAS = {
     "suffix-conf": "suffix drafts cut where the tree's probability estimate falls below delta",
     "suffix-f2": "suffix allowed twice the matched length (vLLM's suffix_decoding_max_spec_factor 2 instead of 1)",
     "union-conf": "per step the longer of structure-plain / confidence-cut suffix",
+    "union-ev": "per step the structure-plain or suffix draft, and its length, with the larger expected saving "
+                "(ExpectedGain), or none",
 }
 
 
@@ -377,6 +437,8 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
         rows["suffix-f2"] = simulate(turns, SuffixDrafter(gamma, max_spec_factor=2.0), batch, trim=trim())
         rows["union-conf"] = simulate(turns, (plain(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
                                       choose=longer)
+        st, sx = plain(), SuffixDrafter(gamma)
+        rows["union-ev"] = simulate(turns, (st, sx), batch, trim=trim(), choose=ExpectedGain(st, sx, delta))
     rows["oracle"] = simulate(turns, None, batch, gamma)
     for row in rows.values():
         row["cost"] = row["passes"] + delta * row["drafted"]

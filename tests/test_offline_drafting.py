@@ -117,3 +117,24 @@ def test_union_longer_and_bound(offline):
     # 19 tokens after the first: passes accept 2 + 1 each; the last pass has one token left to write
     assert bound["picks"] == [0, 7] and bound["passes"] == 7 and bound["accepted"] == 6 * 2 + 1
     assert offline.better([[1, 2], [1, 2, 9]], [1, 2, 3]) == 0  # same accepted: the shorter draft
+
+
+def test_expected_gain_sends_what_pays_and_learns_structure_acceptance(offline):
+    structure = offline.StructureCall.__new__(offline.StructureCall)
+    structure.classes = ["S"]
+    suffix = offline.SuffixDrafter.__new__(offline.SuffixDrafter)
+    suffix.probs = {7: [0.9, 0.8, 0.1]}
+    choose = offline.ExpectedGain(structure, suffix, delta=0.2)
+    truth = [1, 2, 3, 4]
+    # prior a = 0.5: structure gains 0.3 + 0.05 with two tokens (a**3 = 0.125 <= delta);
+    # suffix gains 0.7 + 0.6 with two tokens (0.1 <= delta is not sent): suffix, two tokens
+    assert choose([[1, 2, 3], [1, 2, 9]], truth, key=7, index=0) == (1, 2)
+    # the target revealed 3 tokens; the structure draft agreed with all 3 it had: S learns 3 hits, no miss
+    assert choose.counts["S"] == [4, 1]
+    # a = 0.8 now: 0.8 + 0.64 + 0.512 - 0.6 = 1.352 > suffix's 1.3: structure, all three tokens
+    assert choose([[1, 2, 3], [1, 2, 9]], truth, key=7, index=0) == (0, 3)
+    suffix.probs = {7: []}
+    structure.classes = ["R"]
+    choose.counts["R"] = [1, 9]  # a = 0.1 <= delta: nothing pays, no draft
+    assert choose([[5, 6], []], truth, key=7, index=0) == (0, 0)
+    assert choose.counts["R"] == [1, 10]
