@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -130,6 +131,31 @@ def call_first_grammar(fmt: str, tools: list[dict]) -> str:
             + body[head.end():])
 
 
+THOUGHT_CHARS = 200  # a ReAct turn that must act thinks one line of at most this many characters
+
+
+def react_call_grammar(fmt: str, tools: list[dict]) -> str:
+    """A ReAct turn that must act: `Thought: `, one line of thought (at most THOUGHT_CHARS characters,
+    no marker), then `Action:` one of the tools' names, `Action Input:` its arguments; the turn ends
+    there (where `Observation:` would begin). The counterpart of `call_first_grammar`: a free Thought
+    lets a 135M model talk to max_tokens without ever writing `Action:`."""
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.tools import ToolRegistry
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
+
+    f = get_format(fmt)
+    body = turn_grammar(f, ToolRegistry(list(tools)), tool_choice="required")
+    head, _, rest = body.partition("\n")
+    if not head.startswith("start:"):
+        raise ValueError(f"unexpected first line of the ReAct turn grammar: {head!r}")
+    markers = sorted((m for k in f.kinds for m in k.open), key=lambda m: (-len(m), m))
+    avoid = "|".join(re.escape(m) for m in markers)
+    thought = json.dumps(f.kind(f.initial).open[0] + " ")
+    action = json.dumps(f.kind("action").open[0])
+    return (f'start: {thought} REACT_THOUGHT "\\n" {action} " "? turn_react_call "\\n"?\n{rest}'
+            f"REACT_THOUGHT: /[^\\n]{{1,{THOUGHT_CHARS}}}/ & ~/(?s:.*(?:{avoid}).*)/\n")
+
+
 class GrammarCache:
     """Per-turn grammar text for (format, tools, tool_choice), built once per episode."""
 
@@ -152,10 +178,13 @@ class GrammarCache:
                 from agentspec_sdk.structure.tools import ToolRegistry
                 from agentspec_sdk.structure.turn_grammar import turn_grammar
 
-                self._cache[key] = (call_first_grammar(episode.format, episode.tools)
-                                    if choice == "call" and layout == "tool_calls" else
-                                    turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
-                                                 tool_choice=choice))
+                if choice == "call" and layout == "tool_calls":
+                    grammar = call_first_grammar(episode.format, episode.tools)
+                elif choice == "call" and layout == "react":
+                    grammar = react_call_grammar(episode.format, episode.tools)
+                else:
+                    grammar = turn_grammar(episode.format, ToolRegistry(list(episode.tools)), tool_choice=choice)
+                self._cache[key] = grammar
             return self._cache[key]
 
 

@@ -1,0 +1,61 @@
+"""ReAct recording and replay: the acting turn's grammar (llguidance on SmolLM2's real tokens), the
+agent policy, episode stubs. The real engine replays the bundled ReAct traces in test_code_agent."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentspec_sdk.replay import bfcl, loop
+from agentspec_sdk.replay.record import bfcl_episode_stub
+
+
+@pytest.fixture(scope="module")
+def episode():
+    return bfcl_episode_stub(bfcl.multi_turn_entries()[0], "base", 2, "react")
+
+
+@pytest.fixture(scope="module")
+def accepts(episode):
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    hf = AutoTokenizer.from_pretrained(str(resolve_model()))
+    tokenizer = llguidance.hf.from_tokenizer(hf)
+    grammar = loop.react_call_grammar("react", episode.tools)
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar), tokenizer) == ""
+
+    def check(text: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))
+        ids = hf.encode(text, add_special_tokens=False)
+        return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    return check
+
+
+def test_stub_is_the_bfcl_episode_in_react(episode):
+    assert episode.id == "bfcl-react/multi_turn_base_0" and episode.format == "react"
+    assert episode.tools == bfcl_episode_stub(bfcl.multi_turn_entries()[0], "base", 2).tools
+
+
+def test_an_acting_turn_is_one_thought_line_then_a_forced_action(accepts):
+    assert accepts('Thought: I list the files first.\nAction: ls\nAction Input: {"a":true}\n')
+    assert accepts("Thought: go\nAction: pwd\nAction Input: {}")
+    assert not accepts("I will just talk about it.")  # the turn starts with Thought:
+    assert not accepts("Thought: " + "x" * (loop.THOUGHT_CHARS + 1) + "\nAction: pwd\nAction Input: {}")
+    assert not accepts("Thought: a\nb\nAction: pwd\nAction Input: {}")  # one line
+    assert not accepts("Thought: x\nAction: teleport\nAction Input: {}")  # only the episode's tools
+    assert not accepts('Thought: x\nAction: ls\nAction Input: {"a":"yes"}')  # schema-valid arguments only
+    assert not accepts("Thought: x\nAction: pwd\nAction Input: {}\nObservation: /")  # the turn ends here
+    assert not accepts("Thought: x\nFinal Answer: done")  # an acting turn acts
+
+
+def test_the_policy_acts_first_and_may_answer_last(episode):
+    acting = loop._GRAMMARS.get(episode, "call")
+    assert acting == loop.react_call_grammar("react", episode.tools)
+    last = loop._GRAMMARS.get(episode, "auto")
+    assert "Final Answer:" in last and last != acting
+    calls = loop.parse_calls("react", 'Thought: x\nAction: cd\nAction Input: {"folder":"document"}\n')
+    assert calls == [{"name": "cd", "arguments": {"folder": "document"}}]
