@@ -11,12 +11,8 @@ for what is supported.
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import re
 from dataclasses import dataclass
-from decimal import Decimal
-from fractions import Fraction
 from urllib.parse import unquote
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
@@ -47,35 +43,34 @@ from agentspec_sdk.structure.regex_translate import (
     parse_pattern,
     string_content,
 )
+from agentspec_sdk.structure.schema_algebra import (
+    ANNOTATIONS,
+    HANDLED,
+    MAX_BRANCH_PRODUCT,
+    TYPES,
+    UNSUPPORTED,
+    bounds,
+    canonical_literal,
+    distinguished,
+    exclusive_required_branches,
+    explicit_rest,
+    forbids,
+    identity,
+    json_equal,
+    json_string,
+    merge,
+    positional,
+    ptr,
+    satisfies,
+    types_of,
+)
 
 MAX_DEPTH = 64
 MAX_ENUM = 10_000
 MAX_ITEMS_BOUND = 2_048
-MAX_BRANCH_PRODUCT = 64
 
-ANNOTATIONS = {
-    "$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
-    "deprecated", "readOnly", "writeOnly", "$anchor", "$defs", "definitions", "contentMediaType",
-    "contentEncoding", "contentSchema", "$vocabulary", "$dynamicAnchor", "$recursiveAnchor",
-}
-HANDLED = {
-    "type", "properties", "required", "additionalProperties", "enum", "const", "anyOf", "oneOf",
-    "allOf", "$ref", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength",
-    "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "nullable", "patternProperties", "minProperties", "uniqueItems", "dependencies",
-    "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
-}
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 _NUMBER_PARTS = re.compile(r"(-?)(\d+)(\.\d+)?([eE][+-]?\d+)?")
-# Validation keywords of drafts 4 to 2020-12 the compiler does not express. Any other keyword is
-# an annotation by the specification's rules and is ignored.
-UNSUPPORTED = {
-    "not", "if", "then", "else",
-    "propertyNames", "maxProperties", "contains", "minContains", "maxContains", "multipleOf",
-    "$dynamicRef", "$recursiveRef", "extends",
-    "disallow", "divisibleBy",
-}
-TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 RELAXATIONS = {
     "oneOf": "a oneOf whose branches may overlap is compiled as anyOf",
     "format": "formats the compiler cannot express are ignored (as annotations)",
@@ -239,67 +234,14 @@ def schema_rules(
     return SchemaRules(root, lark_text, gbnf_text)
 
 
-def canonical_literal(value) -> str:
-    """Canonical JSON text of a value in its own key order: compact, `ensure_ascii=False`,
-    numbers in positional notation with Python's shortest round-trip digits, integer-valued ones as
-    integers (`1.0` -> `1`, `1e300` -> `1` and 300 zeros, `-0.0` -> `0`, `1e-05` -> `0.00001`)."""
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{_string(k)}:{canonical_literal(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(canonical_literal(v) for v in value) + "]"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a JSON number")
-        if value == 0:
-            return "0"
-        exact = Decimal(repr(value))  # the shortest digits that round-trip
-        return format(exact.to_integral_value() if value.is_integer() else exact, "f")
-    if value is None or isinstance(value, bool | int | str):
-        return json.dumps(value, ensure_ascii=False)
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
-def _string(key) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"object key {key!r} is not a string")
-    return json.dumps(key, ensure_ascii=False)
 
 
-def _json_equal(a, b) -> bool:
-    """Equality of JSON values (key order aside; 1 == 1.0, true != 1)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    return type(a) is type(b) and a == b
 
 
-def _ptr(pointer: str, *parts) -> str:
-    for part in parts:
-        pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
-    return pointer
 
 
-def _json_type(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    raise InvalidSchema(f"{type(value).__name__} is not a JSON value")
 
 
 class _Compiler:
@@ -424,12 +366,12 @@ class _Compiler:
             if key in UNSUPPORTED:
                 if key == "multipleOf" and "multipleOf" in self.relax:
                     continue
-                raise SchemaNotSupported(f"keyword {key!r} is not supported", _ptr(pointer, key))
+                raise SchemaNotSupported(f"keyword {key!r} is not supported", ptr(pointer, key))
         if schema.get("uniqueItems") is True and "uniqueItems" not in self.relax:
             if not (isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= 1):
-                raise SchemaNotSupported("keyword 'uniqueItems' is not supported", _ptr(pointer, "uniqueItems"))
+                raise SchemaNotSupported("keyword 'uniqueItems' is not supported", ptr(pointer, "uniqueItems"))
         if "$ref" in schema:
-            raise SchemaNotSupported("a $ref cycle through sibling keywords", _ptr(pointer, "$ref"))
+            raise SchemaNotSupported("a $ref cycle through sibling keywords", ptr(pointer, "$ref"))
 
     def expand_dependencies(self, schema: dict, pointer: str):
         """`dependencies` as alternatives: for each key, either it is absent, or it is present with
@@ -440,26 +382,26 @@ class _Compiler:
             if deps is None:
                 continue
             if not isinstance(deps, dict):
-                raise InvalidSchema(f"{keyword} must be an object", _ptr(pointer, keyword))
+                raise InvalidSchema(f"{keyword} must be an object", ptr(pointer, keyword))
             for name, dep in deps.items():
                 if isinstance(dep, list) and all(isinstance(d, str) for d in dep):
                     present = {"required": [name, *dep]}
                 elif isinstance(dep, dict | bool):
-                    flat = self.flatten(dep, _ptr(pointer, keyword, name), frozenset()) if isinstance(dep, dict) else dep
+                    flat = self.flatten(dep, ptr(pointer, keyword, name), frozenset()) if isinstance(dep, dict) else dep
                     if flat is True:
                         flat = {}
                     if isinstance(flat, dict):
-                        flat, props_done, items_done = self.nested_unevaluated(flat, _ptr(pointer, keyword, name))
+                        flat, props_done, items_done = self.nested_unevaluated(flat, ptr(pointer, keyword, name))
                         if (props_done and "unevaluatedProperties" in schema) or (items_done and "unevaluatedItems" in schema):
                             raise SchemaNotSupported("unevaluated* beside a dependent schema that evaluates everything "
-                                                     "is not expressible", _ptr(pointer, keyword, name))
+                                                     "is not expressible", ptr(pointer, keyword, name))
                     present = False if flat is False else merge({"required": [name]}, flat, pointer)
                 else:
-                    raise InvalidSchema(f"{keyword} values must be arrays of names or schemas", _ptr(pointer, keyword, name))
+                    raise InvalidSchema(f"{keyword} values must be arrays of names or schemas", ptr(pointer, keyword, name))
                 options = [{"properties": {name: False}}] + ([present] if present is not False else [])
                 combos = [m for c in combos for o in options if (m := merge(c, o, pointer)) is not False]
                 if len(combos) > MAX_BRANCH_PRODUCT:
-                    raise SchemaNotSupported(f"{keyword} expands to too many alternatives", _ptr(pointer, keyword))
+                    raise SchemaNotSupported(f"{keyword} expands to too many alternatives", ptr(pointer, keyword))
         base = {k: v for k, v in schema.items() if k not in _DEPENDENCY_KEYS}
         if not combos:
             return False
@@ -469,17 +411,17 @@ class _Compiler:
 
     def resolve(self, ref, pointer: str) -> tuple[object, str]:
         if not isinstance(ref, str):
-            raise InvalidSchema("$ref must be a string", _ptr(pointer, "$ref"))
+            raise InvalidSchema("$ref must be a string", ptr(pointer, "$ref"))
         base, _, fragment = ref.partition("#")
         root_id = self.root.get("$id") or self.root.get("id") if isinstance(self.root, dict) else None
         if base and base != (root_id or "").partition("#")[0]:
-            raise SchemaNotSupported(f"remote $ref {ref!r} is not supported", _ptr(pointer, "$ref"))
+            raise SchemaNotSupported(f"remote $ref {ref!r} is not supported", ptr(pointer, "$ref"))
         if self.nested_ids:
-            raise SchemaNotSupported("$ref with nested $id base URIs is not supported", _ptr(pointer, "$ref"))
+            raise SchemaNotSupported("$ref with nested $id base URIs is not supported", ptr(pointer, "$ref"))
         if fragment and not fragment.startswith("/"):
             target = self.anchors().get(fragment)
             if target is None:
-                raise InvalidSchema(f"$ref {ref!r} points to no anchor", _ptr(pointer, "$ref"))
+                raise InvalidSchema(f"$ref {ref!r} points to no anchor", ptr(pointer, "$ref"))
             fragment = target
         node = self.root
         for raw in fragment.split("/")[1:] if fragment else []:
@@ -489,9 +431,9 @@ class _Compiler:
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
-                raise InvalidSchema(f"$ref {ref!r} points to nowhere", _ptr(pointer, "$ref"))
+                raise InvalidSchema(f"$ref {ref!r} points to nowhere", ptr(pointer, "$ref"))
         if not isinstance(node, dict | bool):
-            raise InvalidSchema(f"$ref {ref!r} does not point to a schema", _ptr(pointer, "$ref"))
+            raise InvalidSchema(f"$ref {ref!r} does not point to a schema", ptr(pointer, "$ref"))
         return node, fragment
 
     def ref_rule(self, ref, pointer: str) -> str:
@@ -517,10 +459,10 @@ class _Compiler:
                             found.setdefault(node[key][1:], pointer)
                     for key, value in node.items():
                         if key not in ("enum", "const", "default", "examples"):
-                            walk(value, _ptr(pointer, key))
+                            walk(value, ptr(pointer, key))
                 elif isinstance(node, list):
                     for i, value in enumerate(node):
-                        walk(value, _ptr(pointer, i))
+                        walk(value, ptr(pointer, i))
 
             walk(self.root, "")
             self._anchors = found
@@ -552,7 +494,7 @@ class _Compiler:
         if "$ref" in schema and not dialect.ref_siblings:
             return {"$ref": schema["$ref"]}
         if not dialect.items_array and isinstance(schema.get("items"), list):
-            raise InvalidSchema("items must be a schema in draft 2020-12 (the array form is prefixItems)", _ptr(pointer, "items"))
+            raise InvalidSchema("items must be a schema in draft 2020-12 (the array form is prefixItems)", ptr(pointer, "items"))
         if dialect.ignored.isdisjoint(schema):
             return schema
         return {k: v for k, v in schema.items() if k not in dialect.ignored}
@@ -567,7 +509,7 @@ class _Compiler:
         if "$ref" in schema:
             target, fragment = self.resolve(schema["$ref"], pointer)
             if fragment in inlining:
-                raise SchemaNotSupported("a $ref cycle through sibling keywords", _ptr(pointer, "$ref"))
+                raise SchemaNotSupported("a $ref cycle through sibling keywords", ptr(pointer, "$ref"))
             if target is False:
                 return False
             if isinstance(target, dict):
@@ -575,15 +517,15 @@ class _Compiler:
         if "allOf" in schema:
             members = schema["allOf"]
             if not isinstance(members, list) or not members:
-                raise InvalidSchema("allOf must be a non-empty array", _ptr(pointer, "allOf"))
+                raise InvalidSchema("allOf must be a non-empty array", ptr(pointer, "allOf"))
             for i, member in enumerate(members):
                 if member is False:
                     return False
                 if member is True:
                     continue
                 if not isinstance(member, dict):
-                    raise InvalidSchema("allOf members must be schemas", _ptr(pointer, "allOf", i))
-                parts.append(self.flatten(member, _ptr(pointer, "allOf", i), inlining))
+                    raise InvalidSchema("allOf members must be schemas", ptr(pointer, "allOf", i))
+                parts.append(self.flatten(member, ptr(pointer, "allOf", i), inlining))
         if any(part is False for part in parts):
             return False
         all_props = all_items = False
@@ -609,7 +551,7 @@ class _Compiler:
             if key in part:
                 if part[key] is not True:
                     raise SchemaNotSupported(f"{key} inside an in-place applicator (allOf, $ref with siblings, "
-                                             "anyOf, oneOf, dependentSchemas) is not expressible", _ptr(pointer, key))
+                                             "anyOf, oneOf, dependentSchemas) is not expressible", ptr(pointer, key))
                 part = {k: v for k, v in part.items() if k != key}
                 done[key] = True
         return part, "unevaluatedProperties" in done, "unevaluatedItems" in done
@@ -622,7 +564,7 @@ class _Compiler:
         `unevaluatedItems` and items after the positional ones."""
         if "unevaluatedProperties" in result and (all_props or any("additionalProperties" in p for p in parts)):
             result.pop("unevaluatedProperties")
-        if "unevaluatedItems" in result and (all_items or any(_explicit_rest(p) for p in parts)):
+        if "unevaluatedItems" in result and (all_items or any(explicit_rest(p) for p in parts)):
             result.pop("unevaluatedItems")
         return result
 
@@ -631,7 +573,7 @@ class _Compiler:
     def branches(self, schema: dict, key: str, pointer: str, depth: int) -> Node:
         options = schema[key]
         if not isinstance(options, list) or not options:
-            raise InvalidSchema(f"{key} must be a non-empty array", _ptr(pointer, key))
+            raise InvalidSchema(f"{key} must be a non-empty array", ptr(pointer, key))
         base = {k: v for k, v in schema.items() if k != key}
         merged, raw = [], []
         for i, option in enumerate(options):
@@ -640,11 +582,11 @@ class _Compiler:
             if option is True:
                 option = {}
             if not isinstance(option, dict):
-                raise InvalidSchema(f"{key} members must be schemas", _ptr(pointer, key, i))
-            flat = self.flatten(option, _ptr(pointer, key, i), frozenset())
+                raise InvalidSchema(f"{key} members must be schemas", ptr(pointer, key, i))
+            flat = self.flatten(option, ptr(pointer, key, i), frozenset())
             if flat is False:
                 continue
-            flat, props_done, items_done = self.nested_unevaluated(flat, _ptr(pointer, key, i))
+            flat, props_done, items_done = self.nested_unevaluated(flat, ptr(pointer, key, i))
             combined = merge(base, flat, pointer)
             if combined is not False:
                 merged.append((i, self.settle_unevaluated(combined, [base, flat], props_done, items_done)))
@@ -653,15 +595,15 @@ class _Compiler:
         if unevaluated and key == "anyOf" and not self.disjoint([m for _, m in merged], raw):
             # several branches may hold, and each evaluates its own keys: not a per-branch merge
             raise SchemaNotSupported(f"{unevaluated[0]} with anyOf branches that may overlap is not expressible",
-                                     _ptr(pointer, unevaluated[0]))
+                                     ptr(pointer, unevaluated[0]))
         if key == "oneOf" and "oneOf" not in self.relax and not self.disjoint([m for _, m in merged], raw):
-            exclusive = _exclusive_required_branches(base, [flat for _, flat in merged_flat(self, options, pointer)])
+            exclusive = exclusive_required_branches(base, [flat for _, flat in merged_flat(self, options, pointer)])
             if exclusive is None:
-                raise SchemaNotSupported("oneOf branches that may overlap are not expressible", _ptr(pointer, key))
+                raise SchemaNotSupported("oneOf branches that may overlap are not expressible", ptr(pointer, key))
             merged = [(i, m) for i, m in enumerate(exclusive)]
         if not merged:
             return NOTHING
-        return alt(*(self.node(m, _ptr(pointer, key, i), depth + 1) for i, m in merged))
+        return alt(*(self.node(m, ptr(pointer, key, i), depth + 1) for i, m in merged))
 
     def disjoint(self, schemas: list[dict], raw: list[dict]) -> bool:
         """Whether no instance can match two branches (merged with their siblings; `raw`: as
@@ -671,7 +613,7 @@ class _Compiler:
             for b in range(a + 1, len(sets)):
                 if not self.kinds_overlap(sets[a], sets[b], schemas[a], schemas[b]):
                     continue
-                if _distinguished(schemas[a], schemas[b]) or _forbids(raw[a], schemas[b]) or _forbids(raw[b], schemas[a]):
+                if distinguished(schemas[a], schemas[b]) or forbids(raw[a], schemas[b]) or forbids(raw[b], schemas[a]):
                     continue
                 return False
         return True
@@ -688,7 +630,7 @@ class _Compiler:
         if lits_x or lits_y:
             literal_schema, other = (schema_x, schema_y) if lits_x else (schema_y, schema_x)
             values = literal_schema["enum"] if "enum" in literal_schema else [literal_schema["const"]]
-            return any(_satisfies(v, other) for v in values)
+            return any(satisfies(v, other, FORMATS) for v in values)
         return bool(x & y)
 
     def value_kinds(self, schema: dict) -> set[str]:
@@ -696,8 +638,8 @@ class _Compiler:
             values = schema.get("enum", []) if "enum" in schema else [schema["const"]]
             if not isinstance(values, list):
                 return set(TYPES)
-            return {("lit", _identity(v)) for v in values}
-        types = _types(schema)
+            return {("lit", identity(v)) for v in values}
+        types = types_of(schema)
         kinds = set(types or TYPES)
         if "integer" in kinds:
             kinds.add("number")
@@ -712,22 +654,22 @@ class _Compiler:
 
     def literals(self, schema: dict, pointer: str) -> Node:
         if "const" in schema:
-            values, where = [schema["const"]], _ptr(pointer, "const")
+            values, where = [schema["const"]], ptr(pointer, "const")
         else:
-            values, where = schema["enum"], _ptr(pointer, "enum")
+            values, where = schema["enum"], ptr(pointer, "enum")
             if not isinstance(values, list):
                 raise InvalidSchema("enum must be an array", where)
             if len(values) > MAX_ENUM:
                 raise SchemaNotSupported(f"enum has {len(values)} values, above the limit of {MAX_ENUM}", where)
         if "const" in schema and "enum" in schema:
-            values = [v for v in values if any(_equal(v, e) for e in schema["enum"])] if isinstance(schema["enum"], list) else values
+            values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])] if isinstance(schema["enum"], list) else values
         others = (set(schema) & (HANDLED | UNSUPPORTED)) - {"enum", "const", "type", "nullable"} - _SCALAR_CHECKS
         if others:
             raise SchemaNotSupported(f"enum/const combined with {sorted(others)} is not supported", where)
         kept = []
         for value in values:
             try:
-                if _satisfies(value, schema):
+                if satisfies(value, schema, FORMATS):
                     kept.append(self.value_tokens(value))
             except (ValueError, TypeError) as exc:
                 raise InvalidSchema(f"enum/const value is not JSON: {exc}", where) from exc
@@ -739,12 +681,12 @@ class _Compiler:
     # ------------------------------------------------------------ typed values
 
     def typed(self, schema: dict, pointer: str, depth: int) -> Node:
-        types = _types(schema)
+        types = types_of(schema)
         if types is None:
-            raise InvalidSchema("type must be a type name or an array of them", _ptr(pointer, "type"))
+            raise InvalidSchema("type must be a type name or an array of them", ptr(pointer, "type"))
         for t in types:
             if t not in TYPES:
-                raise InvalidSchema(f"unknown type {t!r}", _ptr(pointer, "type"))
+                raise InvalidSchema(f"unknown type {t!r}", ptr(pointer, "type"))
         wanted = list(types) if types else list(TYPES)
         if schema.get("nullable") is True and "null" not in wanted:
             wanted.append("null")
@@ -776,37 +718,37 @@ class _Compiler:
         return Ref(name)
 
     def number(self, schema: dict, pointer: str, integer: bool) -> Node:
-        lower, upper = _bounds(schema, pointer)
+        lower, upper = bounds(schema, pointer)
         try:
             if integer:
                 return numbers.integer_range(lower, upper)
             return numbers.number_range(lower, upper)
         except numbers.BoundNotExpressible as exc:
-            raise SchemaNotSupported(str(exc), _ptr(pointer, exc.keyword)) from exc
+            raise SchemaNotSupported(str(exc), ptr(pointer, exc.keyword)) from exc
 
     def string(self, schema: dict, pointer: str) -> Node:
         min_len = _non_negative_int(schema, "minLength", pointer, 0)
         max_len = _non_negative_int(schema, "maxLength", pointer, None)
         pattern = schema.get("pattern")
         if pattern is not None and not isinstance(pattern, str):
-            raise InvalidSchema("pattern must be a string", _ptr(pointer, "pattern"))
+            raise InvalidSchema("pattern must be a string", ptr(pointer, "pattern"))
         fmt = schema.get("format")
         if fmt is not None and not isinstance(fmt, str):
-            raise InvalidSchema("format must be a string", _ptr(pointer, "format"))
+            raise InvalidSchema("format must be a string", ptr(pointer, "format"))
         if fmt in FORMATS and self.assert_formats:
             if pattern is not None and pattern != FORMATS[fmt]:
                 if "pattern" not in self.relax:
-                    raise SchemaNotSupported("format together with pattern is not expressible", _ptr(pointer, "format"))
+                    raise SchemaNotSupported("format together with pattern is not expressible", ptr(pointer, "format"))
             pattern = FORMATS[fmt]
         elif fmt in KNOWN_FORMATS and self.assert_formats and "format" not in self.relax:
-            raise SchemaNotSupported(f"format {fmt!r} is not supported", _ptr(pointer, "format"))
+            raise SchemaNotSupported(f"format {fmt!r} is not supported", ptr(pointer, "format"))
         if max_len is not None and max_len < min_len:
             return NOTHING
         try:
             content = string_content(pattern, min_len, max_len)
         except PatternNotSupported as exc:
             if "pattern" not in self.relax:
-                raise SchemaNotSupported(f"pattern: {exc}", _ptr(pointer, "pattern")) from exc
+                raise SchemaNotSupported(f"pattern: {exc}", ptr(pointer, "pattern")) from exc
             content = string_content(None, min_len, max_len)
         return tok(seq(lit('"'), content, lit('"')))
 
@@ -815,7 +757,7 @@ class _Compiler:
         max_items = _non_negative_int(schema, "maxItems", pointer, None)
         for key, value in (("minItems", min_items), ("maxItems", max_items)):
             if value is not None and value > MAX_ITEMS_BOUND:
-                raise SchemaNotSupported(f"{key} above {MAX_ITEMS_BOUND} is not supported", _ptr(pointer, key))
+                raise SchemaNotSupported(f"{key} above {MAX_ITEMS_BOUND} is not supported", ptr(pointer, key))
         if max_items is not None and max_items < min_items:
             return NOTHING
         unevaluated = schema.get("unevaluatedItems", True)  # flatten dropped it where items say more
@@ -829,9 +771,9 @@ class _Compiler:
         else:
             prefix, prefix_key, rest, rest_key = [], "prefixItems", items, "items"
         if not isinstance(prefix, list):
-            raise InvalidSchema(f"{prefix_key} must be an array of schemas", _ptr(pointer, prefix_key))
-        prefix_nodes = [self.node(s, _ptr(pointer, prefix_key, i), depth + 1) for i, s in enumerate(prefix)]
-        rest_node = self.node(rest, _ptr(pointer, rest_key), depth + 1)
+            raise InvalidSchema(f"{prefix_key} must be an array of schemas", ptr(pointer, prefix_key))
+        prefix_nodes = [self.node(s, ptr(pointer, prefix_key, i), depth + 1) for i, s in enumerate(prefix)]
+        rest_node = self.node(rest, ptr(pointer, rest_key), depth + 1)
         comma = self.punct(",")
 
         tail: Node = EMPTY
@@ -856,30 +798,30 @@ class _Compiler:
     def object(self, schema: dict, pointer: str, depth: int) -> Node:
         props = schema.get("properties", {})
         if not isinstance(props, dict):
-            raise InvalidSchema("properties must be an object", _ptr(pointer, "properties"))
+            raise InvalidSchema("properties must be an object", ptr(pointer, "properties"))
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise InvalidSchema("required must be an array of strings", _ptr(pointer, "required"))
+            raise InvalidSchema("required must be an array of strings", ptr(pointer, "required"))
         extra = schema.get("additionalProperties", schema.get("unevaluatedProperties", not self.closed))
         if not isinstance(extra, dict | bool):
-            raise InvalidSchema("additionalProperties must be a schema", _ptr(pointer, "additionalProperties"))
+            raise InvalidSchema("additionalProperties must be a schema", ptr(pointer, "additionalProperties"))
         min_props = _non_negative_int(schema, "minProperties", pointer, 0)
         if min_props > 1:
-            raise SchemaNotSupported("minProperties above 1 is not supported", _ptr(pointer, "minProperties"))
+            raise SchemaNotSupported("minProperties above 1 is not supported", ptr(pointer, "minProperties"))
         pattern_props = schema.get("patternProperties") or {}
         if not isinstance(pattern_props, dict):
-            raise InvalidSchema("patternProperties must be an object", _ptr(pointer, "patternProperties"))
+            raise InvalidSchema("patternProperties must be an object", ptr(pointer, "patternProperties"))
         colon = self.punct(":")
         members: list[tuple[Node, bool]] = []
         declared = list(dict.fromkeys([*props, *required]))
         for name in declared:
             matching = self.patterns_matching(name, pattern_props, pointer)
             if name in props:
-                sub, sub_pointer = props[name], _ptr(pointer, "properties", name)
+                sub, sub_pointer = props[name], ptr(pointer, "properties", name)
             elif matching:
-                sub, sub_pointer = True, _ptr(pointer, "patternProperties")
+                sub, sub_pointer = True, ptr(pointer, "patternProperties")
             else:
-                sub, sub_pointer = extra, _ptr(pointer, "additionalProperties")
+                sub, sub_pointer = extra, ptr(pointer, "additionalProperties")
             if matching:
                 sub = {"allOf": [sub, *matching]}
             value = self.node(sub, sub_pointer, depth + 1)
@@ -892,7 +834,7 @@ class _Compiler:
         if pattern_props:
             extras = self.pattern_extras(pattern_props, extra, declared, pointer, depth)
         elif extra is not False:
-            value = self.node(extra, _ptr(pointer, "additionalProperties"), depth + 1)
+            value = self.node(extra, ptr(pointer, "additionalProperties"), depth + 1)
             if value != NOTHING:
                 extras = [(tok(seq(lit('"'), _string_not_in(declared), lit('"'))), value)]
         extra_member = alt(*(seq(key, self.punct(":"), value) for key, value in extras)) if extras else None
@@ -910,7 +852,7 @@ class _Compiler:
             try:
                 languages = classify_keys([parse_pattern(pattern), lit(name)])
             except PatternNotSupported as exc:
-                raise SchemaNotSupported(f"patternProperties: {exc}", _ptr(pointer, "patternProperties")) from exc
+                raise SchemaNotSupported(f"patternProperties: {exc}", ptr(pointer, "patternProperties")) from exc
             if any(tags == frozenset({0, 1}) for tags, _ in languages):
                 matching.append(pschema)
         return matching
@@ -919,7 +861,7 @@ class _Compiler:
         """(key lexeme, value) for undeclared keys: keys are split into classes by the set of patterns
         they match (exactly, via a DFA); each class gets the allOf of those patterns' schemas, the
         class matching none gets additionalProperties."""
-        where = _ptr(pointer, "patternProperties")
+        where = ptr(pointer, "patternProperties")
         patterns = list(pattern_props)
         try:
             languages = [parse_pattern(p) for p in patterns]
@@ -935,9 +877,9 @@ class _Compiler:
             if tags:
                 schemas = [pattern_props[patterns[i]] for i in sorted(tags)]
                 sub = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
-                value = self.node(sub, _ptr(where, patterns[min(tags)]), depth + 1)
+                value = self.node(sub, ptr(where, patterns[min(tags)]), depth + 1)
             else:
-                value = self.node(extra, _ptr(pointer, "additionalProperties"), depth + 1)
+                value = self.node(extra, ptr(pointer, "additionalProperties"), depth + 1)
             if value != NOTHING:
                 out.append((tok(seq(lit('"'), encode(keys), lit('"'))), value))
         return out
@@ -995,14 +937,14 @@ class _Compiler:
                     option = {} if option is True else option
                     if not isinstance(option, dict):
                         continue
-                    branch = self.flatten(option, _ptr(pointer, key, i), frozenset())
+                    branch = self.flatten(option, ptr(pointer, key, i), frozenset())
                     merged = merge(base, branch, pointer) if isinstance(branch, dict) else False
                     if merged is not False:
-                        found += self.texts(merged, value, _ptr(pointer, key, i), depth + 1, limit)
+                        found += self.texts(merged, value, ptr(pointer, key, i), depth + 1, limit)
                 return list(dict.fromkeys(found))[:limit] or [canonical_literal(value)]
         if "enum" in flat or "const" in flat:
             values = [flat["const"]] if "const" in flat else flat["enum"] if isinstance(flat["enum"], list) else []
-            return [next((canonical_literal(v) for v in values if _json_equal(v, value)), canonical_literal(value))]
+            return [next((canonical_literal(v) for v in values if json_equal(v, value)), canonical_literal(value))]
         if isinstance(value, dict):
             props = flat.get("properties") if isinstance(flat.get("properties"), dict) else {}
             required = [r for r in flat.get("required") or [] if isinstance(r, str)]
@@ -1016,13 +958,13 @@ class _Compiler:
                 sub = props[k] if k in props else True if matching else extra
                 if matching:
                     sub = {"allOf": [sub, *matching]}
-                where = _ptr(pointer, "properties", k)
-                choices.append([f"{_string(k)}:{t}" for t in self.texts(sub, value[k], where, depth + 1, limit)])
+                where = ptr(pointer, "properties", k)
+                choices.append([f"{json_string(k)}:{t}" for t in self.texts(sub, value[k], where, depth + 1, limit)])
             return _joined(choices, "{", "}", limit)
         if isinstance(value, list):
-            prefix, rest = _positional(flat)
+            prefix, rest = positional(flat)
             prefix = prefix if isinstance(prefix, list) else []
-            choices = [self.texts(prefix[i] if i < len(prefix) else rest, item, _ptr(pointer, "items", i), depth + 1, limit)
+            choices = [self.texts(prefix[i] if i < len(prefix) else rest, item, ptr(pointer, "items", i), depth + 1, limit)
                        for i, item in enumerate(value)]
             return _joined(choices, "[", "]", limit)
         return [canonical_literal(value)]
@@ -1070,9 +1012,9 @@ def _check_nesting(document) -> None:
         if depth > limit:
             raise SchemaNotSupported(f"schema nesting is deeper than {MAX_DEPTH}", pointer)
         if isinstance(node, dict):
-            stack.extend((v, _ptr(pointer, k), depth + 1) for k, v in node.items())
+            stack.extend((v, ptr(pointer, k), depth + 1) for k, v in node.items())
         elif isinstance(node, list):
-            stack.extend((v, _ptr(pointer, i), depth + 1) for i, v in enumerate(node))
+            stack.extend((v, ptr(pointer, i), depth + 1) for i, v in enumerate(node))
 
 
 # ---------------------------------------------------------------- helpers
@@ -1083,57 +1025,12 @@ _SCALAR_CHECKS = {
 }
 
 
-def _types(schema: dict):
-    t = schema.get("type")
-    if t is None:
-        return []
-    if isinstance(t, str):
-        return [t]
-    if isinstance(t, list) and all(isinstance(x, str) for x in t):
-        return t
-    return None
 
 
-def _equal(a, b) -> bool:
-    return _json_equal(a, b)
 
 
-def _identity(value) -> str:
-    """A text equal for equal JSON values whatever their key order (for sets of constants)."""
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{_string(k)}:{_identity(value[k])}" for k in sorted(value)) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_identity(v) for v in value) + "]"
-    return canonical_literal(value)
 
 
-def _satisfies(value, schema: dict) -> bool:
-    """Whether an enum/const value passes the scalar keywords beside it."""
-    kind = _json_type(value)
-    types = _types(schema) or []
-    if schema.get("nullable") is True and types:
-        types = [*types, "null"]
-    if types and not (kind in types or (kind == "integer" and "number" in types)):
-        return False
-    if kind == "string":
-        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", math.inf):
-            return False
-        if isinstance(schema.get("format"), str) and schema["format"] in FORMATS:
-            if not re.search(FORMATS[schema["format"]], value):
-                return False
-    if kind in ("integer", "number"):
-        lower, upper = _bounds(schema, "")
-        v = Fraction(value)
-        if lower is not None and (v < lower[0] or (v == lower[0] and not lower[1])):
-            return False
-        if upper is not None and (v > upper[0] or (v == upper[0] and not upper[1])):
-            return False
-    if kind == "array":
-        if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", math.inf):
-            return False
-    if kind == "object" and any(r not in value for r in schema.get("required", [])):
-        return False
-    return True
 
 
 def _non_negative_int(schema: dict, key: str, pointer: str, default):
@@ -1143,34 +1040,10 @@ def _non_negative_int(schema: dict, key: str, pointer: str, default):
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidSchema(f"{key} must be a non-negative integer", _ptr(pointer, key))
+        raise InvalidSchema(f"{key} must be a non-negative integer", ptr(pointer, key))
     return value
 
 
-def _bounds(schema: dict, pointer: str):
-    """((value, inclusive) | None, (value, inclusive) | None) as Fractions, drafts 4 to 2020-12."""
-
-    def number(key):
-        value = schema[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise InvalidSchema(f"{key} must be a number", _ptr(pointer, key))
-        return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
-
-    lower = upper = None
-    if "minimum" in schema:
-        lower = (number("minimum"), schema.get("exclusiveMinimum") is not True)
-    if "maximum" in schema:
-        upper = (number("maximum"), schema.get("exclusiveMaximum") is not True)
-    for key, is_lower in (("exclusiveMinimum", True), ("exclusiveMaximum", False)):
-        if key in schema and not isinstance(schema[key], bool):
-            bound = (number(key), False)
-            current = lower if is_lower else upper
-            if current is None or (bound[0] >= current[0] if is_lower else bound[0] <= current[0]):
-                if is_lower:
-                    lower = bound
-                else:
-                    upper = bound
-    return lower, upper
 
 
 def _string_not_in(names: list[str]) -> Node:
@@ -1227,41 +1100,14 @@ def _complement_points(points: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _distinguished(a: dict, b: dict) -> bool:
-    """Two object schemas that cannot both match: a key required by one with disjoint constants in
-    both, or a key required by one that the other's additionalProperties: false forbids."""
-    props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
-    req_a, req_b = set(a.get("required") or []), set(b.get("required") or [])
-    for key in req_a | req_b:
-        sa, sb = props_a.get(key), props_b.get(key)
-        if isinstance(sa, dict) and isinstance(sb, dict):
-            va, vb = _constants(sa), _constants(sb)
-            if va is not None and vb is not None and not (va & vb):
-                return True
-    return _forbids(a, b) or _forbids(b, a)
 
 
-def _forbids(this: dict, other: dict) -> bool:
-    """`this` (as written) forbids, or pins to other constants, a key that `other` requires."""
-    props = this.get("properties") or {}
-    required = other.get("required") or []
-    if any(props.get(k) is False for k in required):
-        return True
-    if this.get("additionalProperties") is False and not this.get("patternProperties"):
-        if any(k not in props or props[k] is False for k in required):
-            return True
-    other_props = other.get("properties") or {}
-    for k in required:
-        mine, theirs = _constants(props.get(k)), _constants(other_props.get(k))
-        if mine is not None and theirs is not None and not (mine & theirs):
-            return True
-    return False
 
 
 def merged_flat(compiler, options: list, pointer: str) -> list[tuple[int, dict]]:
     out = []
     for i, option in enumerate(options):
-        flat = compiler.flatten(option, _ptr(pointer, "oneOf", i), frozenset()) if isinstance(option, dict) else option
+        flat = compiler.flatten(option, ptr(pointer, "oneOf", i), frozenset()) if isinstance(option, dict) else option
         if flat is True:
             flat = {}
         if flat is not False:
@@ -1269,203 +1115,19 @@ def merged_flat(compiler, options: list, pointer: str) -> list[tuple[int, dict]]
     return out
 
 
-def _strip(schema) -> object:
-    if isinstance(schema, dict):
-        return {k: _strip(v) for k, v in schema.items() if k not in ANNOTATIONS}
-    return schema
 
 
-def _exclusive_required_branches(base: dict, branches: list[dict]) -> list[dict] | None:
-    """oneOf whose branches only add `required` sets to an object base, made exclusive exactly:
-    branch i holds and, for every other branch j, some key of R_j that is not in R_i is absent.
-    None when the branches do more than that (or the expansion is too large)."""
-    base_props = base.get("properties") or {}
-    if _types(base) not in ([], ["object"]) or not isinstance(base_props, dict):
-        return None
-    required_sets = []
-    for branch in branches:
-        if not isinstance(branch, dict):
-            return None
-        for key, value in branch.items():
-            if key in ANNOTATIONS or key == "required" or key not in HANDLED | UNSUPPORTED:
-                continue
-            if key == "type" and _types(branch) == ["object"]:
-                continue
-            if key == "properties" and isinstance(value, dict) and all(
-                not _strip(sub) or (name in base_props and _same(_strip(sub), _strip(base_props[name])))
-                for name, sub in value.items()
-            ):
-                continue
-            return None
-        required = branch.get("required") or []
-        if not isinstance(required, list):
-            return None
-        required_sets.append(list(dict.fromkeys(required)))
-    out: list[dict] = []
-    for i, own in enumerate(required_sets):
-        choices: list[list[str]] = [[]]
-        for j, other in enumerate(required_sets):
-            if j == i:
-                continue
-            absent = [k for k in other if k not in own]
-            if not absent:
-                choices = []
-                break
-            choices = [c + [k] for c in choices for k in absent]
-            if len(choices) > MAX_BRANCH_PRODUCT:
-                return None
-        for forbidden in choices:
-            schema = merge(dict(base), {"type": "object", "required": own}, "")
-            if schema is False:
-                continue
-            props = dict(schema.get("properties") or {})
-            for k in forbidden:
-                props[k] = False
-            schema["properties"] = props
-            out.append(schema)
-    return out
 
 
-def _constants(schema):
-    """The finite set of values a schema allows (canonical texts), or None if not known finite."""
-    if not isinstance(schema, dict):
-        return None
-    found = []
-    if "const" in schema:
-        found.append({_identity(schema["const"])})
-    if isinstance(schema.get("enum"), list):
-        found.append({_identity(v) for v in schema["enum"]})
-    for member in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
-        inner = _constants(member)
-        if inner is not None:
-            found.append(inner)
-    if not found:
-        return None
-    result = found[0]
-    for other in found[1:]:
-        result = result & other
-    return result
 
 
-_ARRAY_KEYS = ("prefixItems", "items", "additionalItems")
 
 
-def _positional(schema: dict):
-    """(per-index schemas, schema for the rest) of an array schema, drafts 4 to 2020-12."""
-    items = schema.get("items", True)
-    if "prefixItems" in schema:
-        return list(schema["prefixItems"]), items
-    if isinstance(items, list):
-        return list(items), schema.get("additionalItems", True)
-    return [], items
 
 
-def _merge_arrays(a: dict, b: dict, out: dict, pointer: str) -> None:
-    """Items of two schemas that both apply: element i must match both sides' schema for i."""
-    if not any(k in a for k in _ARRAY_KEYS) or not any(k in b for k in _ARRAY_KEYS):
-        return
-    (pa, ra), (pb, rb) = _positional(a), _positional(b)
-    if not isinstance(pa, list) or not isinstance(pb, list):
-        raise InvalidSchema("prefixItems must be an array of schemas", _ptr(pointer, "prefixItems"))
-    prefix = []
-    for i in range(max(len(pa), len(pb))):
-        x = pa[i] if i < len(pa) else ra
-        y = pb[i] if i < len(pb) else rb
-        prefix.append(x if _same(x, y) else {"allOf": [x, y]})
-    for key in _ARRAY_KEYS:
-        out.pop(key, None)
-    explicit = [r for r, side in ((ra, a), (rb, b)) if _explicit_rest(side)]
-    rest = explicit[0] if len(explicit) == 1 or (len(explicit) == 2 and _same(*explicit)) else (
-        {"allOf": explicit} if explicit else None)
-    if "prefixItems" in a or "prefixItems" in b:  # 2020-12's form
-        if prefix:
-            out["prefixItems"] = prefix
-        if rest is not None:
-            out["items"] = rest
-    elif prefix:  # the array form of drafts up to 2019-09 (which ignore prefixItems)
-        out["items"] = prefix
-        if rest is not None:
-            out["additionalItems"] = rest
-    elif rest is not None:
-        out["items"] = rest
 
 
-def _explicit_rest(schema: dict) -> bool:
-    """Whether the schema says what items after its positional ones must be."""
-    if isinstance(schema.get("items"), list):
-        return "additionalItems" in schema
-    return "items" in schema
 
 
-def merge(a: dict, b: dict, pointer: str):
-    """Sound merge of two schemas (both must hold). False when nothing can satisfy both."""
-    out = dict(a)
-    _merge_arrays(a, b, out, pointer)
-    for key, value in b.items():
-        if key in _ARRAY_KEYS and any(k in a for k in _ARRAY_KEYS):
-            continue
-        if key not in out:
-            out[key] = value
-            continue
-        mine = out[key]
-        if key in ANNOTATIONS or key not in HANDLED | UNSUPPORTED or _same(mine, value):
-            continue
-        if key == "type":
-            ta, tb = _types(a), _types(b)
-            if ta is None or tb is None:
-                raise InvalidSchema("type must be a type name or an array of them", _ptr(pointer, "type"))
-            both = [t for t in ta if t in tb or (t == "integer" and "number" in tb)]
-            both += [t for t in tb if t == "integer" and "number" in ta and t not in both]
-            if not both:
-                return False
-            out[key] = both
-        elif key == "properties":
-            if not isinstance(mine, dict) or not isinstance(value, dict):
-                raise InvalidSchema("properties must be an object", _ptr(pointer, "properties"))
-            props = dict(mine)
-            for name, sub in value.items():
-                props[name] = {"allOf": [props[name], sub]} if name in props else sub
-            out[key] = props
-        elif key == "required":
-            out[key] = list(dict.fromkeys([*mine, *value]))
-        elif key in ("minLength", "minItems", "minProperties"):
-            out[key] = max(mine, value)
-        elif key in ("maxLength", "maxItems", "maxProperties"):
-            out[key] = min(mine, value)
-        elif key in ("minimum", "exclusiveMinimum") and not isinstance(mine, bool) and not isinstance(value, bool):
-            out[key] = max(mine, value)
-        elif key in ("maximum", "exclusiveMaximum") and not isinstance(mine, bool) and not isinstance(value, bool):
-            out[key] = min(mine, value)
-        elif key == "enum":
-            out[key] = [v for v in mine if any(_equal(v, w) for w in value)]
-        elif key == "const":
-            if not _equal(mine, value):
-                return False
-        elif key == "additionalProperties" and isinstance(mine, dict | bool) and isinstance(value, dict | bool):
-            out[key] = {"allOf": [mine, value]}
-        elif key in ("anyOf", "oneOf"):
-            product = [{"allOf": [x, y]} for x in mine for y in value]
-            if len(product) > MAX_BRANCH_PRODUCT:
-                raise SchemaNotSupported(f"allOf of two {key} lists is too large to expand", _ptr(pointer, key))
-            if key == "oneOf":
-                raise SchemaNotSupported("allOf of two oneOf lists is not expressible", _ptr(pointer, key))
-            out[key] = product
-        else:
-            raise SchemaNotSupported(f"allOf with two different {key!r} values is not expressible", _ptr(pointer, key))
-    # additionalProperties of one side also constrains the other side's extra properties.
-    for side, other in ((a, b), (b, a)):
-        if "additionalProperties" in side and side["additionalProperties"] is not True:
-            own = side.get("properties") or {}
-            extra_names = [n for n in (other.get("properties") or {}) if n not in own]
-            if extra_names and ("patternProperties" in side or "patternProperties" in other):
-                raise SchemaNotSupported("allOf with additionalProperties and patternProperties", pointer)
-            props = dict(out.get("properties") or {})
-            for name in extra_names:
-                props[name] = {"allOf": [props[name], side["additionalProperties"]]}
-            if extra_names:
-                out["properties"] = props
-    return out
 
 
-def _same(x, y) -> bool:
-    return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
