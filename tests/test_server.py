@@ -154,6 +154,21 @@ def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_pa
     assert out.exit_code == 2 and "--records-max-mb" in out.output
 
 
+def test_each_start_empties_the_metrics_directory_of_stale_counts(tmp_path):
+    from agentspec_sdk.backends.server import fresh_metrics_dir
+
+    prom = tmp_path / "prom"
+    spec = ServerSpec(model="m", plan_path=tmp_path / "p.json", metrics_dir=prom)
+    assert spec.multiproc_dir() == prom.resolve()
+    prom.mkdir()
+    (prom / "counter_123.db").write_bytes(b"old")
+    (prom / "keep.txt").write_text("not ours")
+    fresh_metrics_dir(spec.multiproc_dir())
+    assert sorted(x.name for x in prom.iterdir()) == ["keep.txt"]  # only prometheus_client's files go
+    fresh_metrics_dir(tmp_path / "new" / "prom")
+    assert (tmp_path / "new" / "prom").is_dir()
+
+
 def test_a_port_in_use_is_named_before_vllm_starts(tmp_path):
     """Something (not HTTP) listens on the port: `agentspec serve` says so at once, no vLLM started."""
     (tmp_path / "config.json").write_text("{}")
