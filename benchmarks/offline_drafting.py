@@ -343,6 +343,26 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True):
     return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)))
 
 
+def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
+    """Each turn's `classes`: the law class (S/R/F) of every output token, as the report classifies
+    them (segmenter spans over the decoded text, structure.token_labels); simulate then splits the
+    drafted and accepted tokens by the class of the token each draft began at, as the engine's
+    per-class rows do for every drafter."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.segmenter import segment
+    from agentspec_sdk.structure.token_labels import TokenClassifier
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(None))
+    classifier, agent_format = TokenClassifier(tok), get_format(fmt)
+    for t in turns:
+        if "classes" not in t:
+            text = tok.decode(t["out"], skip_special_tokens=True)
+            t["classes"] = classifier.labels(text, t["out"], segment(agent_format, text))
+
+
 def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None) -> dict:
     """`propose`: a drafter `f(histories) -> drafts`; a keyed one (`keyed = True`, as vLLM's suffix
     proposer): called with rows (key, prompt length, history, tokens sampled since its last call)
@@ -352,6 +372,7 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
     target will write (the bound no drafter can beat at this gamma). `trim(turn, pos, draft)`: what
     is left of a draft after the request grammar (GrammarTrim), as vLLM verifies it."""
     passes = drafted = accepted = 0
+    by_class: dict[str, dict[str, int]] = {}
     drafters = propose if isinstance(propose, tuple) else (propose,)
     picks = [0] * len(drafters)
     for g in range(0, len(turns), batch):
@@ -386,10 +407,17 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
                 picks[pick] += 1
                 draft = drafts[pick][:n]
                 a = _agree(draft, truth)
+                start = pos[i]
                 pos[i] = min(len(group[i]["out"]), pos[i] + a + 1)
                 drafted += len(draft)
                 accepted += a
                 passes += 1
+                if "classes" in group[i]:  # the class of the token the draft began at
+                    c = by_class.setdefault(group[i]["classes"][start],
+                                            {"passes": 0, "drafted": 0, "accepted": 0})
+                    c["passes"] += 1
+                    c["drafted"] += len(draft)
+                    c["accepted"] += a
                 if pos[i] >= len(group[i]["out"]):
                     for d in drafters:
                         if getattr(d, "keyed", False):
@@ -397,6 +425,8 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
     row = {"passes": passes, "drafted": drafted, "accepted": accepted}
     if len(drafters) > 1:
         row["picks"] = picks
+    if by_class:
+        row["by_class"] = dict(sorted(by_class.items()))
     return row
 
 
@@ -470,6 +500,7 @@ def main() -> None:
     with open(args.turns, encoding="utf-8") as fh:
         data = json.load(fh)
     turns = data["turns"]
+    label_turns(turns)
     tokens = sum(len(t["out"]) - 1 for t in turns)
     gammas = [args.gamma] if args.gamma else [int(g) for g in args.gammas.split(",") if g.strip()]
     result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta, args.ideas)
@@ -486,6 +517,12 @@ def main() -> None:
         for name, r in rows.items():
             print(f"{name:<16} {r['passes']:>7} {r['drafted']:>8} {r['accepted']:>9} {r['cost']:>7.0f} "
                   f"{r['predicted_speedup']:>6.2f} {r['vs_best_stock']:>7.2f}")
+        print("per class of the token a draft began at (drafted / accepted, acceptance):")
+        for name, r in rows.items():
+            if r.get("by_class") and r["drafted"]:
+                print(f"  {name:<16} " + "  ".join(
+                    f"{c} {v['drafted']}/{v['accepted']} ({v['accepted'] / v['drafted']:.0%})" if v["drafted"] else
+                    f"{c} 0/0" for c, v in r["by_class"].items()))
         print()
 
 

@@ -138,3 +138,29 @@ def test_expected_gain_sends_what_pays_and_learns_structure_acceptance(offline):
     choose.counts["R"] = [1, 9]  # a = 0.1 <= delta: nothing pays, no draft
     assert choose([[5, 6], []], truth, key=7, index=0) == (0, 0)
     assert choose.counts["R"] == [1, 10]
+
+
+def test_per_class_split_by_the_token_a_draft_began_at(offline):
+    turn = {"prompt": [1], "out": [5, 6, 7, 8, 9], "classes": "SSSRR"}
+
+    def propose(histories):  # right, right, wrong, right
+        rest = turn["out"][len(histories[0]) - 1:]
+        return [rest[:2] + [0] + rest[3:4]]
+
+    row = offline.simulate([turn], propose, batch=1)
+    # pass 1 starts at out[1] (S): drafts 6 7 0 9, 2 accepted; pass 2 starts at out[4] (R): drafts 9 0, 1 accepted
+    assert row["by_class"] == {"R": {"passes": 1, "drafted": 2, "accepted": 1},
+                               "S": {"passes": 1, "drafted": 4, "accepted": 2}}
+    assert (row["passes"], row["drafted"], row["accepted"]) == (2, 6, 3)
+
+
+def test_label_turns_classifies_a_tool_call_as_schema(offline):
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    out = tok.encode('<tool_call>{"name":"ls","arguments":{}}</tool_call>', add_special_tokens=False)
+    turns = [{"prompt": [1], "out": out}]
+    offline.label_turns(turns)
+    assert len(turns[0]["classes"]) == len(out) and set(turns[0]["classes"]) == {"S"}
