@@ -238,7 +238,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-RECORDS_CAP = 256 << 10
+RECORDS_CAP = 64 << 10
 
 
 @pytest.fixture(scope="module")
@@ -457,7 +457,7 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
             series.append({"t": time.time(), "text": httpx.get(proc.base_url + "/metrics", timeout=10).text})
             stop.wait(1.0)
 
-    waves, per_wave = 4, 8
+    waves, per_wave = 8, 8
     rss, sizes, walls = [], [], []
     scrape = threading.Thread(target=scraper, daemon=True)
     scrape.start()
