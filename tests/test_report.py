@@ -99,7 +99,7 @@ def test_report_structure_speedup_and_law():
     assert "| D | structure | 8 | 8 | on | all |" in markdown(rep)
 
 
-TERMS = {"base": 0.03, "row": 0.004, "verified": 0.002, "verified_ctx": 0.0008, "schema": 0.0005,
+TERMS = {"base": 0.03, "row": 0.004, "grammar": 0.0006, "verified": 0.002, "verified_ctx": 0.0008, "schema": 0.0005,
          "prefill": 0.0001, "ctx": 0.002}
 
 
@@ -114,13 +114,15 @@ def engine_passes(n=300, seed=0, drafts=True, t0=1000.0):
         rows = int(rng.integers(1, 9))
         ctx = int(rows * rng.integers(300, 3000))
         prefill = int(rng.integers(100, 1500)) if rng.random() < 0.15 else 0
+        grammar = int(rng.integers(0, rows + 1))
         k, kctx, ks = (made or (0, 0, 0))
         new_k = int(rng.integers(0, 6 * rows + 1)) if drafts else 0
         prop = (0.0005 + 0.0001 * rows + 0.00002 * new_k) if drafts else 0.0
-        s = (TERMS["base"] + TERMS["row"] * rows + TERMS["verified"] * k + TERMS["verified_ctx"] * kctx / 1000
+        s = (TERMS["base"] + TERMS["row"] * rows + TERMS["grammar"] * grammar + TERMS["verified"] * k + TERMS["verified_ctx"] * kctx / 1000
              + TERMS["schema"] * ks + TERMS["prefill"] * prefill + TERMS["ctx"] * ctx / 1000 + prop
              + rng.normal(0, 0.0005))
-        passes.append({"t": t, "s": s, "rows": rows, "tokens": rows, "ctx": ctx, "prefill": prefill, "new": 0})
+        passes.append({"t": t, "s": s, "rows": rows, "tokens": rows, "ctx": ctx, "prefill": prefill, "new": 0,
+                       "grammar": grammar})
         made = None
         if drafts:
             k = new_k

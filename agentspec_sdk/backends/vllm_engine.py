@@ -188,7 +188,7 @@ class Engine:
         self._vllm = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self._step_s = 0.0
         self._steps = 0
-        self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)  # (t, s, rows, tokens, ctx, prefill, new)
+        self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)  # (t, s, rows, tokens, ctx, prefill, new, grammar)
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
         self._thread.start()
 
@@ -385,18 +385,19 @@ class Engine:
                 seconds = time.perf_counter() - started
                 self._step_s += seconds
                 self._steps += 1
-                rows = tokens = ctx = prefill = new = 0
+                rows = tokens = ctx = prefill = new = grammar = 0
                 for out in outputs:
                     live = self._live.get(out.request_id)
                     if live is not None:  # what this pass computed: new tokens, context, first-token prefill
                         n = len(out.outputs[0].token_ids)
                         rows, tokens, ctx = rows + 1, tokens + n - live.seen, ctx + len(live.prompt_ids) + n
+                        grammar += getattr(live.sampling, "structured_outputs", None) is not None
                         if not live.seen and n:
                             prefill += len(live.prompt_ids) - int(getattr(out, "num_cached_tokens", 0) or 0)
                             new += 1
                         live.seen = n
                     self._on_output(out)
-                self._passes.append((at, seconds, rows, tokens, ctx, prefill, new))
+                self._passes.append((at, seconds, rows, tokens, ctx, prefill, new, grammar))
         except Exception as exc:  # vLLM itself failed: every waiting turn learns why
             self._dead = f"{type(exc).__name__}: {exc}"
             for live in list(self._live.values()):
@@ -526,9 +527,10 @@ class Engine:
         """Every engine step (one target pass, any speculation mode) that began between `start` and
         `end` (time.time()): `{"t", "s" (seconds), "rows" (requests that got tokens), "tokens" (new
         tokens), "ctx" (their context lengths summed), "prefill" (uncached prompt tokens of requests
-        whose first token came in this pass), "new" (those requests: their decode starts after it)}`."""
-        return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p, "new": n}
-                for t, s, r, k, c, p, n in list(self._passes) if start <= t <= end]
+        whose first token came in this pass), "new" (those requests: their decode starts after it),
+        "grammar" (rows decoding under a grammar: a token bitmask per row and pass)}`."""
+        return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p, "new": n, "grammar": g}
+                for t, s, r, k, c, p, n, g in list(self._passes) if start <= t <= end]
 
     def proposer(self):
         """The in-process proposer object (None when vLLM runs its engine core in another process)."""

@@ -487,9 +487,10 @@ class OnlineStepCost:
 
 # ---------------------------------------------------------------- pass cost model
 
-PASS_TERMS = ("base", "row", "verified", "verified_ctx", "schema", "prefill", "ctx")
+PASS_TERMS = ("base", "row", "grammar", "verified", "verified_ctx", "schema", "prefill", "ctx")
 PASS_TERM_TEXT = {
-    "base": "per pass", "row": "per row", "verified": "per verified draft token",
+    "base": "per pass", "row": "per row", "grammar": "per row under a grammar (its token mask each pass)",
+    "verified": "per verified draft token",
     "verified_ctx": "per verified draft token per 1k tokens of its row's context",
     "schema": "per verified draft token of a schema (S) row: grammar-mask work",
     "prefill": "per prompt token other requests prefill in the pass",
@@ -503,7 +504,7 @@ class PassCosts:
     """What one target pass costs, term by term (seconds per unit), fitted by least squares over a
     run's passes:
 
-        seconds - proposer_s = base + row rows + verified drafted + verified_ctx drafted_ctx / 1000
+        seconds - proposer_s = base + row rows + grammar grammar_rows + verified drafted + verified_ctx drafted_ctx / 1000
                                + schema drafted_s + prefill prefill + ctx ctx / 1000
 
     `proposer` is the drafter's own time per step, fitted the same way on `proposer_s` (base, row,
@@ -520,11 +521,11 @@ class PassCosts:
     passes: int
 
     def seconds(self, rows=1.0, drafted=0.0, drafted_ctx=0.0, drafted_s=0.0, prefill=0.0, ctx=0.0,
-                proposer: bool | Mapping = True) -> float:
+                grammar=0.0, proposer: bool | Mapping = True) -> float:
         """Predicted seconds of a pass of this composition, with the proposer's time (`proposer`: True =
         the fitted one, a mapping = another drafter's terms from `fit_proposer`, False = none)."""
         c = self.coef
-        t = (c["base"] + c["row"] * rows + c["verified"] * drafted + c["verified_ctx"] * drafted_ctx / 1000.0
+        t = (c["base"] + c["row"] * rows + c.get("grammar", 0.0) * grammar + c["verified"] * drafted + c["verified_ctx"] * drafted_ctx / 1000.0
              + c["schema"] * drafted_s + c["prefill"] * prefill + c["ctx"] * ctx / 1000.0)
         p = self.proposer if proposer is True else (proposer or {})
         if p:
@@ -608,7 +609,7 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
     """Fit `PassCosts` from passes: mappings with `s` (seconds of the pass) and `rows`, optionally
     `drafted` (draft tokens verified in the pass), `drafted_ctx` (sum over rows of drafted x the row's
     context), `drafted_s` (drafted tokens of schema rows), `prefill` (uncached prompt tokens computed),
-    `ctx` (sum of the rows' context lengths) and `proposer_s` (the drafter's own seconds in the pass).
+    `ctx` (sum of the rows' context lengths), `grammar` (rows under a grammar) and `proposer_s` (the drafter's own seconds in the pass).
     `made` (drafts the proposer made in the pass, verified in the next; default `drafted`) is what the
     proposer's own time is fitted on (over `proposer_passes` when given: one drafter's passes while the
     target's terms use every drafter's). Missing fields count as 0. Passes without rows are skipped."""
@@ -621,7 +622,7 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
 
     prop = col("proposer_s")
     y = col("s") - prop
-    cols = {"base": np.ones(len(rows)), "row": col("rows"), "verified": col("drafted"),
+    cols = {"base": np.ones(len(rows)), "row": col("rows"), "grammar": col("grammar"), "verified": col("drafted"),
             "verified_ctx": col("drafted_ctx", 1000.0), "schema": col("drafted_s"), "prefill": col("prefill"),
             "ctx": col("ctx", 1000.0)}
     coef, se, dropped, resid = _lsq(y, cols)

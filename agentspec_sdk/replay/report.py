@@ -111,7 +111,7 @@ def round_records(logs: Iterable[TurnLog]) -> list[law.RoundRecord]:
             for log in logs for r in log.records]
 
 
-COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx")
+COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx", "grammar")
 
 
 def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list[dict]:
@@ -201,7 +201,8 @@ def law_costs(model: law.PassCosts, comp: Mapping, proposer: Mapping | None = No
     n = max(float(comp["rows"]), 1.0)
     ctx_row = float(comp["ctx"]) / n
     schema = float(comp["drafted_s"]) / comp["drafted"] if comp.get("drafted") else 0.0
-    t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], proposer=False)
+    t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], grammar=comp.get("grammar", 0.0),
+                          proposer=False)
     if t_off <= 0:
         raise LawInputError(f"the pass cost model predicts {t_off:.3g} s for a pass of {n:.1f} rows: no law terms")
     c = model.coef
