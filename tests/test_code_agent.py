@@ -14,10 +14,11 @@ from agentspec_sdk.replay import humaneval, loop
 from agentspec_sdk.replay.record import check_source_format, record
 from agentspec_sdk.replay.replayer import replay
 from agentspec_sdk.replay.sandbox import SandboxLimits
+from agentspec_sdk.replay.trace import bundled_traces, load_traces
 
 TASK = "HumanEval/0"
 HANG = "while True:\n    pass"
-HOG = "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))"
+HOG = "blocks = []\nwhile True:\n    blocks.append(bytes(256 * 2**20))"
 
 
 def solution(task_id: str = TASK) -> str:
@@ -30,9 +31,10 @@ def fenced(code: str) -> str:
 
 
 @pytest.fixture(autouse=True)
-def fast_sandbox(monkeypatch):
+def fast_sandbox(request, monkeypatch):
     monkeypatch.setattr(humaneval, "LIMITS", SandboxLimits(timeout_s=1.5, cpu_s=3))
-    monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
+    if request.node.get_closest_marker("engine") is None:  # the scripted engines take plain dicts
+        monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
 
 
 class ScriptedCoder:
@@ -142,3 +144,47 @@ def test_source_and_format_are_checked():
         check_source_format("humaneval", "react")
     with pytest.raises(TraceError, match="unknown trace source 'mbpp'"):
         check_source_format("mbpp", None)
+
+
+@pytest.mark.engine
+def test_real_engine_replays_a_react_and_a_code_agent_episode(engine_structure):
+    """The bundled ReAct and code-agent traces on the real engine: observations from the trace or the
+    sandbox, ReAct actions forced by the grammar (class S), Thought and code text class R."""
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+
+    react = load_traces(bundled_traces("react"), limit=1)[0]
+    code = load_traces(bundled_traces("code_agent"), limit=1)[0]
+    run = replay(engine_structure, [react, code], tokenizer=load_tokenizer(None), concurrency=2, max_tokens=64,
+                 max_segments=1, latency_scale=0.0)
+    assert run.logs and not [log.error for log in run.logs if log.error]
+    assert set(run.matches) <= {"exact", "name", "executed"}
+    react_logs = [log for log in run.logs if log.episode == react.id]
+    code_logs = [log for log in run.logs if log.episode == code.id]
+    assert react_logs and code_logs
+    calls = [c for log in react_logs for c in log.tool_calls]
+    assert calls and all(c["name"] in {t["function"]["name"] for t in react.tools} for c in calls)
+    assert sum(log.tokens_by_class["S"] for log in react_logs) > 0  # Action / Action Input
+    assert sum(log.tokens_by_class["R"] for log in code_logs) > 0  # reasoning and code
+    drafted_s = sum(r["drafted"] for log in react_logs for r in log.records if r["law_class"] == "S")
+    assert drafted_s > 0  # the structure drafter forced the grammar's action text
+
+
+def test_arm_d_runs_once_per_agent_format():
+    from agentspec_sdk.replay.arms import build_arm, format_arms
+
+    assert format_arms(["tool_calls", "react", "code_agent"]) == ["D", "D-react", "D-code"]
+    with pytest.raises(TraceError, match=r"unknown agent format\(s\) \['prose'\] for arm D"):
+        format_arms(["prose"])
+    for name, fmt in (("D-react", "react"), ("D-code", "code_agent")):
+        arm = build_arm(name, 2, max_tokens=32, max_segments=1)
+        assert arm.name == name and len(arm.episodes) == 2 and {e.format for e in arm.episodes} == {fmt}
+
+
+def test_record_cli_names_a_bad_source_format_pair():
+    from typer.testing import CliRunner
+
+    from agentspec_sdk.replay.cli import app
+
+    result = CliRunner().invoke(app(), ["record", "--source", "humaneval", "--format", "react", "--n", "1"])
+    assert result.exit_code == 2
+    assert "source 'humaneval' records formats ['code_agent'], not 'react'" in result.output

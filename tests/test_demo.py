@@ -35,7 +35,8 @@ def test_demo_writes_report_table_and_plots(demo_report):
         assert verdicts[name]["status"] in ("pass", "rejected"), verdicts[name]["text"]
         assert verdicts[name]["numbers"]["classes"]["F"]["rounds"] >= 20
     assert {c["name"].split("/")[1] for c in verdicts["R5"]["numbers"]["checks"]} >= {"structure", "suffix"}
-    assert {r["arm"] for r in rep["runs"]} == {"A", "D"}
+    assert {r["arm"] for r in rep["runs"]} == {"A", "D", "D-react", "D-code"}  # arm D once per agent format
+    assert "| D-react | structure |" in stdout and "| D-code | structure |" in stdout
     be = rep["breakeven"]
     assert (be["w_s_star_exact"] is not None or be["w_s_star_exact_reason"]) and "w_s_star_approx" in be
     md = (out / "report.md").read_text()

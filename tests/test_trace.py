@@ -64,6 +64,9 @@ def test_truncated_last_line(tmp_path):
     (lambda d: d.update(tools=[{"name": "cd"}]), r"tools\[0\] must be an OpenAI tool dict"),
     (lambda d: d.update(turns=[]), "no user message"),
     (lambda d: d.update(version=99), "trace version 99"),
+    (lambda d: d.update(format="xml_agent"), r"field 'format': unknown format 'xml_agent'; known: \["),
+    (lambda d: d["turns"][1].update(content='{"name":"cd"}'),
+     r"turns\[1\]: the assistant turn is answered by a tool turn but has no '<tool_call>' \(format 'tool_calls'\)"),
 ])
 def test_invalid_episode_is_named(tmp_path, mutate, message):
     data = episode("a").to_dict()
@@ -143,3 +146,38 @@ def test_pick_entries_spreads_classes():
     assert len([t for t in stub.turns if t.role == "user"]) == 2
     with pytest.raises(TraceError, match="--n must be >= 1"):
         pick_entries(entries, 0)
+
+
+def _other_format(fmt: str, assistant: str) -> dict:
+    data = episode("a").to_dict()
+    data["format"] = fmt
+    data["turns"][1]["content"] = assistant
+    return data
+
+
+@pytest.mark.parametrize("fmt, assistant, message", [
+    ("code_agent", "I will run it: print(1)", r"turns\[1\]: .* has no '```' or '<code>' \(format 'code_agent'\)"),
+    ("react", 'Thought: go\nAction Input: {"folder":"docs"}', r"turns\[1\]: .* has no 'Action:' \(format 'react'\)"),
+    ("react", "Thought: go\nAction: cd\n", r"turns\[1\]: .* has no 'Action Input:' \(format 'react'\)"),
+])
+def test_turns_must_follow_their_format(tmp_path, fmt, assistant, message):
+    path = tmp_path / "t.jsonl"
+    good = _other_format(fmt, {"code_agent": "```python\nprint(1)\n```",
+                               "react": 'Thought: go\nAction: cd\nAction Input: {"folder":"docs"}'}[fmt])
+    path.write_text(json.dumps(good) + "\n" + json.dumps(_other_format(fmt, assistant) | {"id": "b"}) + "\n")
+    with pytest.raises(TraceError, match=rf"t\.jsonl:2: episode 'b': {message}"):
+        load_traces(path)
+
+
+@pytest.mark.parametrize("fmt, source, licence", [("react", "bfcl-multi-turn", "Apache-2.0"),
+                                                  ("code_agent", "humaneval", "MIT")])
+def test_bundled_react_and_code_agent_traces(fmt, source, licence):
+    episodes = load_traces(bundled_traces(fmt))
+    assert 10 <= len(episodes) <= 16
+    for ep in episodes:
+        assert ep.format == fmt and ep.source["name"] == source and ep.source["license"] == licence
+        assert ep.meta["model"] and ep.meta["temperature"] == 0.0
+        assert any(t.role == "assistant" for t in ep.turns)
+    assert sum(len(ep.observations()) for ep in episodes) >= len(episodes)  # tools / code ran for real
+    with pytest.raises(TraceError, match="no bundled traces in format 'prose'"):
+        bundled_traces("prose")

