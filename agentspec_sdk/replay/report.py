@@ -734,6 +734,8 @@ def _cost_model_lines(costs: Mapping) -> list[str]:
              f"{m['passes']} passes, mean {1000 * m['mean_s']:.1f} ms, residual SD {1000 * m['residual_sd']:.1f} ms, "
              f"R² {m['r2']:.2f} ({costs.get('source', '')})", ""]
     for k in law.PASS_TERMS:
+        if k not in m["coef"]:  # a report written before this term existed
+            continue
         if k in m["dropped"]:
             lines.append(f"- {k} ({law.PASS_TERM_TEXT[k]}): not fitted — {m['dropped'][k]}")
         else:
