@@ -115,3 +115,18 @@ def test_completeness_finds_valid_instances_a_restricted_grammar_rejects(checker
     extra = json.loads(result.completeness_failure)
     assert set(extra) - {"a"}, extra
     assert result.soundness_checked > 0 and result.soundness_failure is None  # a restriction stays sound
+
+
+def test_the_reference_reads_patterns_as_ecma_262():
+    """hypothesis-jsonschema and jsonschema use Python's `re`, whose `\\d` matches "\u0966"; JSON
+    Schema patterns are ECMA-262, where it does not (nor does the grammar)."""
+    from agentspec_sdk.structure.exactness import ascii_classes, ecma_reference, validator_for
+
+    assert ascii_classes(r"^\d[\w.]\\d\.$") == r"^[0-9][A-Za-z0-9_.]\\d\.$"
+    schema = {"type": "object", "properties": {"d": {"type": "string", "pattern": r"^\d+$"}},
+              "patternProperties": {r"^x\d$": {"enum": [r"\d"]}}}
+    reference = ecma_reference(schema)
+    assert reference["properties"]["d"]["pattern"] == "^[0-9]+$"
+    assert reference["patternProperties"] == {"^x[0-9]$": {"enum": [r"\d"]}}  # values are data, kept
+    assert validator_for(schema).is_valid({"d": "\u0966"})  # Python's reading
+    assert not validator_for(reference).is_valid({"d": "\u0966"})  # ECMA's reading

@@ -14,6 +14,7 @@ short by time is "unchecked", never a pass.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import signal
@@ -67,6 +68,50 @@ class Exactness:
                 and self.completeness_failure is None and self.soundness_failure is None)
 
 
+def ecma_reference(schema):
+    """A copy of the schema whose patterns mean for Python's `re` (which both hypothesis-jsonschema
+    and `jsonschema` use) what they mean in ECMA-262, as JSON Schema says: `\\d` and `\\w` are
+    ASCII there, Unicode in Python (`"\u0966"` is a Python digit, not an ECMA one)."""
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            if key == "pattern" and isinstance(value, str):
+                out[key] = ascii_classes(value)
+            elif key == "patternProperties" and isinstance(value, dict):
+                out[key] = {ascii_classes(k): ecma_reference(v) for k, v in value.items()}
+            elif key in ("enum", "const", "default", "examples"):
+                out[key] = value
+            else:
+                out[key] = ecma_reference(value)
+        return out
+    if isinstance(schema, list):
+        return [ecma_reference(v) for v in schema]
+    return schema
+
+
+def ascii_classes(pattern: str) -> str:
+    """`\\d` -> `[0-9]`, `\\w` -> `[A-Za-z0-9_]` (inside a class: their ranges), elsewhere unchanged."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if nxt in "dw":
+                body = "0-9" if nxt == "d" else "A-Za-z0-9_"
+                out.append(body if in_class else f"[{body}]")
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def validator_for(schema):
     """The `jsonschema` validator of the schema's declared draft (2020-12 without `$schema`),
     checking formats (the grammar asserts them by default)."""
@@ -84,8 +129,9 @@ def check_exactness(schema, judges, *, seconds: float = 2.0, examples: int = 10,
     if judges.llg is None:
         result.completeness_unchecked = "llguidance did not compile the grammar"
         return result
-    validator = validator_for(schema)
-    _completeness(schema, judges, validator, result, seconds / 2, examples, relax, closed)
+    reference = ecma_reference(schema)
+    validator = validator_for(reference)
+    _completeness(schema, reference, judges, validator, result, seconds / 2, examples, relax, closed)
     _soundness(judges, validator, result, seconds / 2, walks, max_tokens, seed)
     return result
 
@@ -127,7 +173,7 @@ def _hypothesis_compat() -> None:
     utils.many.more = more
 
 
-def _completeness(schema, judges, validator, result: Exactness, seconds, examples, relax, closed) -> None:
+def _completeness(schema, reference, judges, validator, result: Exactness, seconds, examples, relax, closed) -> None:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis_jsonschema import from_schema
 
@@ -138,7 +184,7 @@ def _completeness(schema, judges, validator, result: Exactness, seconds, example
     try:
         with _deadline(seconds * 1.5), warnings.catch_warnings():  # backstop: building the strategy can be slow
             warnings.simplefilter("ignore")  # hypothesis warns about characters that do not round-trip
-            strategy = from_schema(schema)
+            strategy = from_schema(copy.deepcopy(reference))  # it rewrites the schema in place (sorted keys)
 
             @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
                       suppress_health_check=list(HealthCheck), derandomize=True)
