@@ -64,7 +64,7 @@ def test_truncated_last_line(tmp_path):
     (lambda d: d.update(tools=[{"name": "cd"}]), r"tools\[0\] must be an OpenAI tool dict"),
     (lambda d: d.update(turns=[]), "no user message"),
     (lambda d: d.update(version=99), "trace version 99"),
-    (lambda d: d.update(format="xml_agent"), r"field 'format': unknown format 'xml_agent'; known: \["),
+    (lambda d: d.update(format="no_such_format"), r"field 'format': unknown format 'no_such_format'; known: \["),
     (lambda d: d["turns"][1].update(content='{"name":"cd"}'),
      r"turns\[1\]: the assistant turn is answered by a tool turn but has no '<tool_call>' \(format 'tool_calls'\)"),
 ])
