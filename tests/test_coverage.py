@@ -51,7 +51,7 @@ COUNTS = {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact
 
 
 def test_coverage_counts_on_a_sample(sample, checker):
-    datasets, reasons = coverage_report(sample, checker, seconds=2.0)
+    datasets, reasons = coverage_report(sample, checker, seconds=20.0)  # a bound, not a speed goal: the checks stop once done
     glaive = datasets["Glaiveai2K"]
     assert set(glaive) == COUNTS
     assert {k: glaive[k] for k in ("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok")} == dict.fromkeys(
@@ -69,7 +69,7 @@ def test_exactness_failures_are_counted_with_an_example(tmp_path, checker):
     (tmp_path / "mine").mkdir()
     schema = {"type": "array", "items": {"enum": [1, 2]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
     (tmp_path / "mine" / "repeats.json").write_text(json.dumps(schema))
-    datasets, _ = coverage_report(tmp_path, checker, relax=("uniqueItems",), seconds=8.0)
+    datasets, _ = coverage_report(tmp_path, checker, relax=("uniqueItems",), seconds=20.0)
     counts = datasets["mine"]
     assert counts["compiled"] == 1 and counts["exact"] == 0 and counts["soundness_failures"] == 1
     failure = counts["examples"]["soundness_failures"]
