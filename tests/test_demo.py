@@ -100,7 +100,8 @@ def test_demo_law_prediction_recomputes(demo_report):
     assert pred["saving_round"] == pytest.approx(float(law.saving(pred["gamma"], t, pred["delta"], pred["d"])))
     check = pred["check"]  # the pass cost model's saving: 1 - t_spec / (t_off (1 + f tau))
     f = check["draft_share"]
-    assert pred["saving"] == pytest.approx(1 - check["t_spec_s"] / (check["t_off_s"] * (1 + f * t)))
+    rounds_tau = pred.get("tau_rounds", t)  # the check uses each class's tau at its own drafted length
+    assert pred["saving"] == pytest.approx(1 - check["t_spec_s"] / (check["t_off_s"] * (1 + f * rounds_tau)))
     if fit["method"].startswith("rho = exp(-H)"):  # kappa fitted from the target's entropies (the default)
         assert rep["meta"]["entropy_positions"]["F"] > 0  # the prose slice's turns were scored
         assert fit["kappa_fit"]["ci_low"] <= fit["kappa"] <= fit["kappa_fit"]["ci_high"]

@@ -113,3 +113,18 @@ def test_observer_failure_never_breaks_decoding(tmp_path):
     assert drafter.propose(8, [[1]], np.array([2]), ids) == [[2, 2, 2]]
     assert drafter.propose(8, [[1]], np.array([2]), ids) == [[2, 2, 2]]
     assert obs.failures == 2
+
+
+def test_settling_never_counts_a_draft_token_vllm_did_not_verify():
+    from agentspec_sdk.backends.vllm_metrics import settle_last_round
+
+    # the second draft's last token was trimmed by the grammar (vLLM verified 1 of it), yet the
+    # target then wrote that same token: the common prefix says 2, vLLM's step says 1
+    records = [{"position": 0, "drafted": 3, "accepted": 3}, {"position": 4, "drafted": 2, "accepted": 2},
+               {"position": 7, "drafted": 2, "accepted": 0}]
+    settle_last_round(records, 20, {"per_step_accepted": [3, 1, 0]})
+    assert [r["accepted"] for r in records] == [3, 1, 0]
+    # steps that cannot be matched one to one leave the records as they are
+    records = [{"position": 0, "drafted": 3, "accepted": 3}]
+    settle_last_round(records, 20, {"per_step_accepted": [1, 1]})
+    assert records[0]["accepted"] == 3

@@ -172,6 +172,12 @@ def settle_last_round(records: list[dict], num_output: int, spec: dict | None) -
     output takes vLLM's count for that step (its last per-step entry); `beyond_output` says how many."""
     if not records or not spec or not spec.get("per_step_accepted"):
         return
+    verified = spec["per_step_accepted"]
+    if len(verified) == len(records):
+        # one verify step per draft, in order: a draft token vLLM trimmed by the grammar was never
+        # verified, even when the token the target then wrote happens to equal it
+        for r, n in zip(records, verified, strict=True):
+            r["accepted"] = min(r["accepted"], int(n))
     last = records[-1]
     if last["position"] + last["accepted"] < num_output or last["accepted"] >= last["drafted"]:
         return
