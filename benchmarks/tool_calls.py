@@ -29,11 +29,10 @@ import time
 
 import numpy as np
 
+from agentspec_sdk.backends.server import STOCK
 from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
 from agentspec_sdk.bfcl_data import tool_call_prompts
 from agentspec_sdk.replay.accounting import price_at, verify_price
-
-STOCK = ("ngram", "suffix")
 
 BATCHES = (1, 8)
 ENGINE_KWARGS = {"max_model_len": 2048, "kv_cache_gb": 1.0, "seed": 0}

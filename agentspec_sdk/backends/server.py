@@ -27,6 +27,7 @@ from agentspec_sdk.errors import BackendError
 
 Speculation = Literal["structure", "ngram", "suffix", "off"]
 SERVER_SPECULATION = ("structure", "ngram", "suffix", "off")
+STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
 PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
 PLAN_ENV = "AGENTSPEC_PLAN"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -30,6 +30,7 @@ from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.server import (
     CPU_BLOCK_SIZE,
     PROPOSER_CLASS,
+    STOCK,
     check_block_size,
     require_suffix_decoding,
     stock_speculative_config,
@@ -51,7 +52,6 @@ from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
 
 SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model")
-STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
 MAX_PASS_LOG = 1_000_000
 ABLATIONS = (None, "no_budget", "no_isolation")
 

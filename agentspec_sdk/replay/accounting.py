@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers
+from agentspec_sdk.backends.server import STOCK
+
 MIN_STEPS = 30
 
 

@@ -26,7 +26,6 @@ from agentspec_sdk.replay.trace import atomic_write_text
 SCHEMA = "agentspec-report/1"
 CLASSES = ("S", "R", "F")
 UNCLASSIFIED = "unclassified"
-STOCK = ("ngram", "suffix")  # vLLM's own drafters: the peers
 SPECULATIVE = ("ngram", "suffix", "structure", "structure-no-budget", "structure-no-isolation", "draft_model")
 
 
