@@ -154,6 +154,25 @@ def test_accounting_follows_a_simulated_acceptance_sequence(tok, tmp_path):
     assert drafter.records == [] and drafter.stats()["steps"] == 0
 
 
+def test_a_round_never_accepts_more_than_the_step_that_verified_it(tok):
+    """vLLM's `sampled_token_ids` say how many draft tokens the step accepted: a token the grammar
+    trimmed was never verified, even when the target then wrote it, so the round is capped there."""
+    drafter = StructureDrafter(DraftPlan(tools=TOOLS), tok)
+    history = tok.encode(_prompt(tok, "Weather in Paris in celsius?") + "<tool_call>")
+    draft = drafter.propose([RowInput(np.array(history))])[0]
+    assert len(draft) >= 2, draft  # the forced '{"name": ' text and the only tool's name
+    # the grammar trimmed the draft to its first token; vLLM accepted it and the target's bonus token
+    # is the draft's second: the history matches two draft tokens, vLLM verified one
+    after = np.array(history + draft[:2])
+    drafter.propose([RowInput(after, sampled=2)])
+    assert [(r.position, r.accepted) for r in drafter.records] == [(len(history), 1)]
+    # without `sampled` (unknown) the common prefix stands
+    other = StructureDrafter(DraftPlan(tools=TOOLS), tok)
+    other.propose([RowInput(np.array(history))])
+    other.propose([RowInput(after)])
+    assert [r.accepted for r in other.records] == [2]
+
+
 def test_acceptance_estimate_learns_from_rounds(tok):
     drafter = StructureDrafter(DraftPlan(tools=[]), tok)
     acc = drafter.accounting.acceptance

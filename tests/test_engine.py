@@ -338,13 +338,13 @@ def test_proposer_adapter_without_vllm(tmp_path, monkeypatch, hf_tokenizer):
 
 
 def test_last_round_cut_by_the_stop_check_takes_vllms_count():
-    from agentspec_sdk.backends.vllm_metrics import settle_last_round
+    from agentspec_sdk.backends.vllm_metrics import settle_against_vllm
 
     records = [{"position": 0, "drafted": 4, "accepted": 4}, {"position": 70, "drafted": 8, "accepted": 2}]
-    settle_last_round(records, 72, {"per_step_accepted": [4, 7]})  # max_tokens=72 dropped 5 verified tokens
+    settle_against_vllm(records, 72, {"per_step_accepted": [4, 7]})  # max_tokens=72 dropped 5 verified tokens
     assert records[-1]["accepted"] == 7 and records[-1]["beyond_output"] == 5
     rejected = [{"position": 70, "drafted": 8, "accepted": 1}]  # token 71 differs from the draft: a real reject
-    settle_last_round(rejected, 72, {"per_step_accepted": [1]})
+    settle_against_vllm(rejected, 72, {"per_step_accepted": [1]})
     assert rejected[0]["accepted"] == 1 and "beyond_output" not in rejected[0]
 
 

@@ -116,15 +116,35 @@ def test_observer_failure_never_breaks_decoding(tmp_path):
 
 
 def test_settling_never_counts_a_draft_token_vllm_did_not_verify():
-    from agentspec_sdk.backends.vllm_metrics import settle_last_round
+    from agentspec_sdk.backends.vllm_metrics import settle_against_vllm
 
     # the second draft's last token was trimmed by the grammar (vLLM verified 1 of it), yet the
     # target then wrote that same token: the common prefix says 2, vLLM's step says 1
     records = [{"position": 0, "drafted": 3, "accepted": 3}, {"position": 4, "drafted": 2, "accepted": 2},
                {"position": 7, "drafted": 2, "accepted": 0}]
-    settle_last_round(records, 20, {"per_step_accepted": [3, 1, 0]})
+    settle_against_vllm(records, 20, {"per_step_accepted": [3, 1, 0]})
     assert [r["accepted"] for r in records] == [3, 1, 0]
     # steps that cannot be matched one to one leave the records as they are
     records = [{"position": 0, "drafted": 3, "accepted": 3}]
-    settle_last_round(records, 20, {"per_step_accepted": [1, 1]})
+    settle_against_vllm(records, 20, {"per_step_accepted": [1, 1]})
     assert records[0]["accepted"] == 3
+
+
+def test_a_draft_without_a_verify_step_counts_nothing():
+    from agentspec_sdk.backends.vllm_metrics import settle_against_vllm
+
+    # a code-agent turn as vLLM reported it: six drafts, five verify steps; the last draft's first
+    # token completes the grammar, vLLM trimmed it (no step), and the target wrote it anyway
+    spec = {"num_accepted_draft_tokens": 37, "per_step_accepted": [7, 7, 7, 8, 8],
+            "per_step_drafted": [7, 7, 8, 8, 8]}
+    records = [{"position": p, "drafted": d, "accepted": a}
+               for p, d, a in [(1, 7, 7), (9, 7, 7), (17, 8, 7), (25, 8, 8), (34, 8, 8), (43, 5, 1)]]
+    settle_against_vllm(records, 44, spec)
+    assert [r["accepted"] for r in records] == [7, 7, 7, 8, 8, 0]
+    assert sum(r["accepted"] for r in records) == spec["num_accepted_draft_tokens"]
+    assert records[-1]["unverified"] == 1 and "beyond_output" not in records[-1]
+    # a fully trimmed draft in the middle is skipped, the steps after it still pair with their drafts
+    records = [{"position": 0, "drafted": 3, "accepted": 3}, {"position": 4, "drafted": 2, "accepted": 0},
+               {"position": 5, "drafted": 4, "accepted": 2}]
+    settle_against_vllm(records, 20, {"per_step_accepted": [3, 2], "per_step_drafted": [3, 4]})
+    assert [r["accepted"] for r in records] == [3, 0, 2]

@@ -353,12 +353,12 @@ class RemoteEngine:
         """Per-class records from the proposer's records file when readable, else the server's
         per-request counters (class "all")."""
         if self._records is not None:
-            from agentspec_sdk.backends.vllm_metrics import acceptance_by_class, settle_last_round
+            from agentspec_sdk.backends.vllm_metrics import acceptance_by_class, settle_against_vllm
 
             with self._lock:
                 self._records.poll()
                 records = self._records.claim(prompt_ids, token_ids)
-            settle_last_round(records, len(token_ids), spec)  # as the embedded engine: what vLLM verified
+            settle_against_vllm(records, len(token_ids), spec)  # as the embedded engine: what vLLM verified
             return records, acceptance_by_class(records)
         if spec is None:
             return [], {}

@@ -41,7 +41,7 @@ from agentspec_sdk.backends.vllm_metrics import (
     acceptance_by_class,
     label_records,
     merge_acceptance,
-    settle_last_round,
+    settle_against_vllm,
     vllm_spec_counters,
 )
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
@@ -460,7 +460,7 @@ class Engine:
         self._tail.poll()
         records = self._tail.claim(prompt_ids, token_ids) if self.speculation in ("structure", *STOCK) else []
         spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
-        settle_last_round(records, len(token_ids), spec)
+        settle_against_vllm(records, len(token_ids), spec)
         spans = segment(live.fmt, comp.text)
         if records and self.speculation in STOCK:  # the peer's drafts take the class of the token they began at
             label_records(records, self._labels.labels(comp.text, token_ids, spans),

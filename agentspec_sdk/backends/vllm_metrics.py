@@ -166,25 +166,70 @@ class RecordsTail:
                 "bad_lines": self.bad_lines}
 
 
-def settle_last_round(records: list[dict], num_output: int, spec: dict | None) -> None:
-    """The final verify step can accept draft tokens that the stop check then drops (max_tokens, EOS):
-    vLLM counts them, the output no longer holds them. A last round that runs into the end of the
-    output takes vLLM's count for that step (its last per-step entry); `beyond_output` says how many."""
+def settle_against_vllm(records: list[dict], num_output: int, spec: dict | None) -> None:
+    """Settle a finished request's drafts against vLLM's own verify steps (`per_step_accepted`,
+    `per_step_drafted`, from `per_request_spec_decode_metrics="detailed"`), so that claimed acceptance
+    is what vLLM verified:
+
+    - each draft is paired with its verify step, in order; a draft that has no step was never verified
+      (every token trimmed by the grammar, e.g. the token that completes the grammar, which the target
+      then writes anyway): it counts `accepted = 0` and is marked `unverified`;
+    - a paired draft accepts at most what its step accepted (a token the grammar trimmed was never
+      verified, even when the target then wrote that same token);
+    - a last draft that runs into the end of the output takes its step's count: the stop check
+      (max_tokens, EOS) can drop tokens vLLM accepted; `beyond_output` says how many.
+    Steps that cannot be paired (more steps than drafts: records lost) leave the records as they are."""
     if not records or not spec or not spec.get("per_step_accepted"):
         return
-    verified = spec["per_step_accepted"]
-    if len(verified) == len(records):
-        # one verify step per draft, in order: a draft token vLLM trimmed by the grammar was never
-        # verified, even when the token the target then wrote happens to equal it
-        for r, n in zip(records, verified, strict=True):
-            r["accepted"] = min(r["accepted"], int(n))
-    last = records[-1]
-    if last["position"] + last["accepted"] < num_output or last["accepted"] >= last["drafted"]:
+    accepted = [int(n) for n in spec["per_step_accepted"]]
+    drafted = [int(n) for n in spec.get("per_step_drafted") or []]
+    pairs = _pair_steps(records, accepted, drafted if len(drafted) == len(accepted) else None, num_output)
+    if pairs is None:
         return
-    verified = min(int(spec["per_step_accepted"][-1]), last["drafted"])
+    for r, j in zip(records, pairs, strict=True):
+        if j is None:
+            if r["accepted"]:
+                r["unverified"] = r["accepted"]
+            r["accepted"] = 0
+        else:
+            r["accepted"] = min(r["accepted"], accepted[j])
+    last, j = records[-1], pairs[-1]
+    if j is None or last["position"] + last["accepted"] < num_output or last["accepted"] >= last["drafted"]:
+        return
+    verified = min(accepted[j], last["drafted"])
     if verified > last["accepted"]:
         last["beyond_output"] = verified - last["accepted"]
         last["accepted"] = verified
+
+
+def _pair_steps(records: list[dict], accepted: list[int], drafted: list[int] | None,
+                num_output: int) -> list[int | None] | None:
+    """For each record the index of its verify step, or None (never verified); None when the steps
+    cannot all be paired. One step per record is the common case; otherwise a record is skipped when
+    the next step cannot be its own (vLLM verified more, or drafted more, than the record allows) or
+    when more records than steps remain and it is the record at the end of the output."""
+    n_r, n_s = len(records), len(accepted)
+    if n_r == n_s:
+        return list(range(n_r))
+    if n_r < n_s:
+        return None
+    pairs: list[int | None] = []
+    j = 0
+    for i, r in enumerate(records):
+        spare = (n_r - i) - (n_s - j)  # records that must go unpaired among those left
+        if j == n_s:
+            pairs.append(None)
+            continue
+        at_end = r["position"] + r["accepted"] >= num_output
+        fits = accepted[j] <= r["accepted"] or (at_end and i == n_r - 1)
+        if drafted is not None:
+            fits = fits and drafted[j] <= r["drafted"]
+        if spare > 0 and not fits:
+            pairs.append(None)
+            continue
+        pairs.append(j)
+        j += 1
+    return pairs if j == n_s else None
 
 
 def label_records(records: list[dict], labels: str, starts: list[int], spans) -> None:

@@ -54,8 +54,8 @@ class AgentSpecProposer:
                 **kwargs) -> list[list[int]]:
         started = time.perf_counter()
         n = len(sampled_token_ids)
-        rows = [RowInput(token_ids_cpu[i], int(num_tokens_no_spec[i]), bool(len(sampled_token_ids[i])))
-                for i in range(n)]  # basic slicing inside history(): views, no copies
+        rows = [RowInput(token_ids_cpu[i], int(num_tokens_no_spec[i]), bool(len(sampled_token_ids[i])),
+                         len(sampled_token_ids[i])) for i in range(n)]  # basic slicing inside history(): views, no copies
         acc = self.drafter.accounting
         rebuilds, row_errors = acc.rebuilds, acc.errors
         batch_error = False

@@ -55,11 +55,14 @@ class RowInput:
 
     `num_tokens` limits the history to `token_ids[:num_tokens]` (vLLM's `num_tokens_no_spec`).
     `draftable` is False for a row that sampled nothing this step (chunked prefill): it gets no draft.
+    `sampled` is how many tokens the row got in the step just run (vLLM's `sampled_token_ids`): the
+    draft verified in that step had `sampled - 1` tokens accepted; None where unknown.
     """
 
     token_ids: np.ndarray
     num_tokens: int | None = None
     draftable: bool = True
+    sampled: int | None = None
 
     def history(self) -> np.ndarray:
         ids = np.asarray(self.token_ids)
@@ -267,7 +270,7 @@ class StructureDrafter:
                     st = states[i] = _Row(self, ids)
                     self.accounting.rebuilds += 1
                 else:
-                    self._resolve(st, ids)
+                    self._resolve(st, ids, row.sampled)
                     st.advance(ids)
                 candidates[i] = self._candidate(st)
             except Exception:  # one bad row never takes the batch down: it gets no draft
@@ -323,12 +326,14 @@ class StructureDrafter:
             if st is not None:
                 st.forget()
 
-    def _resolve(self, st: _Row, ids: np.ndarray) -> None:
+    def _resolve(self, st: _Row, ids: np.ndarray, sampled: int | None = None) -> None:
         pending = st.pending
         if pending is None or len(ids) <= pending.position:
             return
         st.pending = None
-        self.accounting.add(resolve(pending, ids[pending.position:].tolist()), pending.sources)
+        # verified in the step that just ran only when the draft began where that step's tokens begin
+        verified = sampled - 1 if sampled and len(ids) - sampled == pending.position else None
+        self.accounting.add(resolve(pending, ids[pending.position:].tolist(), verified), pending.sources)
 
     # -- one row's candidate draft ------------------------------------------------------------
 

@@ -88,13 +88,17 @@ class PendingDraft:
     sources: list[str] | None = None  # per token (a draft chains forced text, lookups, repeats)
 
 
-def resolve(pending: PendingDraft, new_tokens) -> DraftRound:
-    """Compare a draft with the tokens the row holds after it now."""
+def resolve(pending: PendingDraft, new_tokens, verified: int | None = None) -> DraftRound:
+    """Compare a draft with the tokens the row holds after it now. `verified`, when known, is how many
+    draft tokens vLLM accepted in the step that verified this draft: a token the grammar trimmed was
+    never verified, even when the target then wrote the same token, so acceptance never exceeds it."""
     accepted = 0
     for drafted_tok, real_tok in zip(pending.tokens, new_tokens, strict=False):
         if int(drafted_tok) != int(real_tok):
             break
         accepted += 1
+    if verified is not None:
+        accepted = min(accepted, max(0, int(verified)))
     return DraftRound(pending.position, pending.prefix_hash, pending.kind, pending.law_class,
                       pending.source, len(pending.tokens), accepted)
 
