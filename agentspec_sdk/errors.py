@@ -1,4 +1,11 @@
-"""Errors the SDK raises. Each names what is wrong (schema path, tool name, limit)."""
+"""Errors the SDK raises. Each names what is wrong (schema path, tool name, limit).
+
+Every exception class the SDK defines lives here; the modules that raise one re-export it under its
+old name (`structure.numbers.BoundNotExpressible`, `drafting.plan.PlanError`, ...). Not here:
+private control-flow exceptions, raised and caught inside one module and never seen by a caller
+(`structure.exactness._OutOfTime`, `replay.trace._Bad`, `backends.openai_backend._StreamBroken`,
+`agentspec_langgraph.middleware._TimedOut`); they stay with their module.
+"""
 
 
 class AgentSpecError(Exception):
@@ -52,3 +59,29 @@ class PromptTooLong(BackendError):
         self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
         super().__init__(f"prompt of {prompt_tokens} tokens + max_tokens {max_tokens} = "
                          f"{prompt_tokens + max_tokens} exceeds max_model_len {limit}")
+
+
+class BoundNotExpressible(ValueError):
+    """A numeric bound (`keyword`: minimum, maximum, ...) the number grammar cannot express (more
+    than 40 decimals). Internal to the schema compiler, which turns it into `SchemaNotSupported`."""
+
+    def __init__(self, message: str, keyword: str):
+        self.keyword = keyword
+        super().__init__(message)
+
+
+class PatternNotSupported(ValueError):
+    """A JSON Schema `pattern` the regex translator cannot express (lookaround, backreferences, ...).
+    Internal to the schema compiler, which turns it into `SchemaNotSupported`."""
+
+
+class TurnParseError(AgentSpecError, ValueError):
+    """A model turn does not follow its format (malformed tool call JSON, missing name, …)."""
+
+
+class PlanError(AgentSpecError):
+    """The plan file is missing, unreadable or has a bad field (the message names it)."""
+
+
+class MalformedResponse(BackendError):
+    """The server answered, but a field the client needs is missing or has the wrong type."""

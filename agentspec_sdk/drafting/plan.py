@@ -15,16 +15,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.errors import AgentSpecError, PlanError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.tools import ToolRegistry
 
 PLAN_ENV = "AGENTSPEC_PLAN"
 DEFAULT_PRIOR = {"S": 0.8, "R": 0.45, "F": 0.3}
-
-
-class PlanError(AgentSpecError):
-    """The plan file is missing, unreadable or has a bad field (the message names it)."""
 
 
 @dataclass

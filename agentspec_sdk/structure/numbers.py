@@ -15,17 +15,12 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from agentspec_sdk.errors import BoundNotExpressible
 from agentspec_sdk.structure.grammar_ir import EMPTY, NOTHING, Node, alt, chars, lit, opt, rep, seq, tok
 
 DIGIT = chars([(0x30, 0x39)])
 NONZERO = chars([(0x31, 0x39)])
 Bound = tuple[Fraction, bool] | None  # (value, inclusive)
-
-
-class BoundNotExpressible(ValueError):
-    def __init__(self, message: str, keyword: str):
-        self.keyword = keyword
-        super().__init__(message)
 
 
 def _digits_same_length(x: str, y: str) -> Node:

@@ -13,6 +13,7 @@ backreferences, word boundaries, anchors elsewhere.
 
 from __future__ import annotations
 
+from agentspec_sdk.errors import PatternNotSupported
 from agentspec_sdk.structure.grammar_ir import (
     EMPTY,
     MAX_CODEPOINT,
@@ -29,11 +30,6 @@ from agentspec_sdk.structure.grammar_ir import (
     rep,
     seq,
 )
-
-
-class PatternNotSupported(ValueError):
-    pass
-
 
 DIGIT = [(0x30, 0x39)]
 WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]

@@ -6,13 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.errors import TurnParseError
 from agentspec_sdk.structure.formats import FENCE, AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import Segmenter, Span
-
-
-class TurnParseError(AgentSpecError, ValueError):
-    """A model turn does not follow its format (malformed tool call JSON, missing name, …)."""
 
 
 @dataclass(frozen=True)
