@@ -85,3 +85,7 @@ class PlanError(AgentSpecError):
 
 class MalformedResponse(BackendError):
     """The server answered, but a field the client needs is missing or has the wrong type."""
+
+
+class BfclDataError(AgentSpecError):
+    """bfcl-eval is missing, or a BFCL data file, category or class does not exist."""

@@ -1,4 +1,4 @@
-"""BFCL tool-call prompts for benchmarks (the loader lives in `agentspec_sdk.bfcl_data`).
+"""BFCL tool-call prompts for benchmarks (the loader lives in `agentspec_sdk.bfcl`).
 
     python benchmarks/bfcl_prompts.py -n 16            # list the prompts a benchmark would use
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agentspec_sdk.bfcl_data import DEFAULT_CATEGORIES, BfclPrompt, load_category, tool_call_prompts
+from agentspec_sdk.bfcl import DEFAULT_CATEGORIES, BfclPrompt, load_category, tool_call_prompts
 
 __all__ = ["BfclPrompt", "DEFAULT_CATEGORIES", "load_category", "tool_call_prompts"]
 

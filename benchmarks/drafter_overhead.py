@@ -24,7 +24,7 @@ import numpy as np
 
 
 def bfcl_cases(per_category: int):
-    from agentspec_sdk.replay.bfcl import openai_tool, read_jsonl
+    from agentspec_sdk.bfcl import openai_tool, read_jsonl
     from agentspec_sdk.structure.tools import ToolRegistry
 
     cases = []
@@ -91,13 +91,13 @@ def ff_tokens_baseline(grammar: str, ll, call_tokens: list[int]) -> tuple[int, i
 
 def simulate(drafter_cls, row_input, plan_cls, tok, case, grammar_fn, *, batch: int, lookup: bool,
              gamma: int = 8):
-    from agentspec_sdk.replay.bfcl import system_prompt
+    from agentspec_sdk.bfcl import system_prompt
 
     plan = plan_cls(tools=case["tools"], gamma_max=gamma)
     drafter = drafter_cls(plan, tok)
     if not lookup:
         drafter._lookup = lambda *a, **k: ("", "")
-    msgs = [{"role": "system", "content": system_prompt(case["tools"])},
+    msgs = [{"role": "system", "content": system_prompt()},
             {"role": "user", "content": case["user"]}]
     prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     body = serialise(case["call"], grammar_fn(case["registry"]), drafter.ll)

@@ -18,7 +18,7 @@ import time
 
 
 def bfcl_tools(count: int) -> list[dict]:
-    from agentspec_sdk.structure.bfcl_schema import normalise_bfcl_schema
+    from agentspec_sdk.bfcl import normalise_bfcl_schema
 
     tools, seen = [], set()
     data = importlib.resources.files("bfcl_eval") / "data"

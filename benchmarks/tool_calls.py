@@ -31,7 +31,7 @@ import numpy as np
 
 from agentspec_sdk.backends.server import STOCK
 from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
-from agentspec_sdk.bfcl_data import tool_call_prompts
+from agentspec_sdk.bfcl import tool_call_prompts
 from agentspec_sdk.replay.accounting import price_at, verify_price
 
 BATCHES = (1, 8)

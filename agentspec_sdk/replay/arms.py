@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agentspec_sdk import bfcl
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay import bfcl
 from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, load_traces
 from agentspec_sdk.structure.formats import AgentFormat, LawClass, SegmentKind, register_format
 
@@ -101,7 +101,7 @@ def arm_b(n: int) -> list[Episode]:
         taken.update({t["function"]["name"]: t["function"]["parameters"] for t in tools})
         question = "\n".join(m["content"] for m in e["question"][0] if m["role"] == "user")
         out.append(_single(f"B/{e['id']}", {"name": "bfcl", "entry_id": e["id"], "license": bfcl.LICENSE},
-                           bfcl.system_prompt(tools), question, "tool_calls", tools))
+                           bfcl.system_prompt(), question, "tool_calls", tools))
     return out
 
 

@@ -15,8 +15,8 @@ import time
 from functools import lru_cache
 from importlib import resources
 
+from agentspec_sdk.bfcl import ToolRun
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay.bfcl import ToolRun
 from agentspec_sdk.replay.loop import CODE_TOOL  # code runs are recorded as tool turns of this name
 from agentspec_sdk.replay.sandbox import Sandbox, SandboxLimits
 from agentspec_sdk.replay.trace import Episode, Turn

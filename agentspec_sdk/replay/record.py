@@ -17,8 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from agentspec_sdk import bfcl
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay import bfcl, humaneval
+from agentspec_sdk.replay import humaneval
 from agentspec_sdk.replay.loop import Observation, TokenClassifier, TurnLog, run_episode
 from agentspec_sdk.replay.trace import Episode, Turn
 
@@ -61,7 +62,7 @@ def bfcl_episode_stub(entry: dict, category: str, max_segments: int, fmt: str = 
     if long_context:
         source.update(long_context=True, tool_docs="full BFCL documentation")
     prefix = "bfcl" if fmt == FORMAT else f"bfcl-{fmt}"
-    return Episode(id=f"{prefix}/{entry['id']}", source=source, system=bfcl.system_prompt(tools), tools=tools,
+    return Episode(id=f"{prefix}/{entry['id']}", source=source, system=bfcl.system_prompt(), tools=tools,
                    format=fmt, turns=users)
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pydantic
 
+from agentspec_sdk.bfcl import normalise_bfcl_schema
 from agentspec_sdk.errors import InvalidSchema, ToolRegistryError
-from agentspec_sdk.structure.bfcl_schema import normalise_bfcl_schema
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
