@@ -38,9 +38,9 @@ def test_context_length_aliases_nested_and_missing(tmp_path):
 
 
 def test_engine_defaults_to_the_models_context_length():
-    import inspect
+    from agentspec_sdk.backends.engine_config import EngineConfig
 
-    assert inspect.signature(Engine).parameters["max_model_len"].default is None
+    assert EngineConfig().max_model_len is None  # Engine(...) builds its EngineConfig from its keywords
 
 
 def test_prompt_ids_refuses_a_prompt_beyond_the_limit_with_the_numbers():

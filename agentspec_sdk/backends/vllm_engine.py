@@ -22,20 +22,17 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentspec_sdk.backends.engine_config import ABLATIONS, SPECULATION, EngineConfig
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
-from agentspec_sdk.backends.server import (
-    CPU_BLOCK_SIZE,
-    PROPOSER_CLASS,
-    STOCK,
-    check_block_size,
-    require_suffix_decoding,
-    stock_speculative_config,
-)
+from agentspec_sdk.backends.prompts import chat_messages, format_instructions
+from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS, STOCK, stock_speculative_config
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
+from agentspec_sdk.backends.stream_split import StreamSplitter
+from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
@@ -45,58 +42,17 @@ from agentspec_sdk.backends.vllm_metrics import (
     vllm_spec_counters,
 )
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
-from agentspec_sdk.errors import BackendError, PromptTooLong, ToolRegistryError
+from agentspec_sdk.errors import BackendError, PromptTooLong
 from agentspec_sdk.structure.formats import AgentFormat, format_names, get_format
-from agentspec_sdk.structure.segmenter import Segmenter, Span, segment
+from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
 
-SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model")
+# Moved to backends/types.py, prompts.py, engine_config.py; still importable from here.
+__all__ = ["ABLATIONS", "MAX_PASS_LOG", "SPECULATION", "Engine", "EngineConfig", "StreamEvent", "TurnRequest",
+           "TurnResult", "chat_messages", "format_instructions"]
+
 MAX_PASS_LOG = 1_000_000
-ABLATIONS = (None, "no_budget", "no_isolation")
-
-
-@dataclass
-class TurnRequest:
-    messages: list[dict[str, Any]]
-    fmt: str | AgentFormat = "tool_calls"
-    tools: ToolRegistry | list[dict] | None = None  # None: every registered tool
-    grammar: str | None = None  # None: turn_grammar(fmt, tools, tool_choice); "": unconstrained; else Lark
-    tool_choice: str = "auto"  # auto | required | none | call (the turn is tool calls only)
-    max_tokens: int = 256
-    temperature: float = 0.0
-    request_id: str | None = None
-    agent_id: str | None = None
-    logprobs: int | None = None  # top-k log-probabilities of each output position (vLLM's raw logits)
-
-
-@dataclass
-class TurnResult:
-    request_id: str
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    prompt_token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
-    spans: list[Span] = field(default_factory=list)
-    records: list[dict] = field(default_factory=list)
-    acceptance: dict[str, dict[str, int]] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    spec: dict[str, Any] | None = None  # vLLM's per-request spec-decode metrics (None: no speculation)
-    agent_id: str | None = None
-    logprobs: list[dict[int, float]] | None = None  # per output position: token id -> log-probability
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass
-class StreamEvent:
-    text_delta: str
-    kind: str
-    law_class: str
-    result: TurnResult | None = None  # set on the last event only
 
 
 @dataclass
@@ -109,10 +65,8 @@ class _Live:
     prompt_ids: list[int]
     sampling: Any
     events: queue.Queue | None = None
-    segmenter: Segmenter | None = None
+    splitter: StreamSplitter | None = None
     text: str = ""
-    text_all: str = ""
-    emitted: int = 0
     t_submit: float = 0.0
     t_added: float = 0.0
     t_first: float = 0.0
@@ -122,42 +76,30 @@ class _Live:
 class Engine:
     """Embedded vLLM with structure-aware speculation. See docs/engine.md."""
 
-    def __init__(self, model: str | os.PathLike | None = None, speculation: str = "off", gamma_max: int = 8,
-                 step_budget: int | None = None, draft_model: str | None = None,
-                 formats: Sequence[str | AgentFormat] | None = None, tools: ToolRegistry | list | None = None,
-                 enable_prefix_caching: bool = True, max_model_len: int | None = None, seed: int = 0,
-                 ablation: str | None = None, *, ngram_min: int = 2, ngram_max: int = 5,
-                 law: dict[str, float] | None = None, dtype: str | None = None, kv_cache_gb: float = 2.0,
-                 reserved_cpus: int | None = None, in_process: bool = True, max_num_seqs: int = 32,
-                 enforce_eager: bool = False, block_size: int | None = None,
-                 work_dir: str | os.PathLike | None = None):
-        if speculation not in SPECULATION:
-            raise BackendError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
-        if ablation not in ABLATIONS:
-            raise BackendError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
-        if speculation == "suffix":
-            require_suffix_decoding()
-        if speculation == "draft_model" and not draft_model:
-            raise BackendError("speculation='draft_model' needs draft_model=<HF folder or id>")
-        if not isinstance(gamma_max, int) or not 1 <= gamma_max <= 64:
-            raise BackendError(f"gamma_max must be an integer in [1, 64], got {gamma_max!r}")
-        check_block_size(block_size)
+    def __init__(self, model: str | os.PathLike | None = None, *, config: EngineConfig | None = None,
+                 **settings: Any):
+        """`Engine(model=..., speculation=..., gamma_max=..., ...)`: any `EngineConfig` field as a
+        keyword; or `Engine(config=EngineConfig(...))` (keywords next to it override its fields)."""
+        if model is not None:
+            settings["model"] = model
+        cfg = self.config = EngineConfig.of(config, **settings)
+        speculation, gamma_max, ablation = cfg.speculation, cfg.gamma_max, cfg.ablation
         self.speculation = speculation
         self.gamma_max = gamma_max
-        self.model = resolve_model(model)
+        self.model = resolve_model(cfg.model)
         # None: the model's own context length (config.json; SmolLM2-135M: 8192)
-        self.max_model_len = max_model_len or context_length(self.model)
-        self.formats = {f.name: f for f in (get_format(x) for x in (formats or format_names()))}
-        self.registry = _as_registry(tools) if tools is not None else ToolRegistry()
+        self.max_model_len = cfg.max_model_len or context_length(self.model)
+        self.formats = {f.name: f for f in (get_format(x) for x in (cfg.formats or format_names()))}
+        self.registry = as_registry(cfg.tools) if cfg.tools is not None else ToolRegistry()
         self._lock = threading.Lock()
-        self._work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="agentspec-engine-"))
+        self._work = Path(cfg.work_dir) if cfg.work_dir else Path(tempfile.mkdtemp(prefix="agentspec-engine-"))
         self._work.mkdir(parents=True, exist_ok=True)
         self.plan_path = self._work / "plan.json"
         self.records_path = self._work / "records.jsonl"
         self.plan = DraftPlan(formats=list(self.formats.values()), tools=self.registry.openai_tools(),
-                              tokenizer=self.model, gamma_max=gamma_max, step_budget=step_budget,
+                              tokenizer=self.model, gamma_max=gamma_max, step_budget=cfg.step_budget,
                               isolation=ablation != "no_isolation", budget=ablation != "no_budget",
-                              records_path=str(self.records_path), **(law or {}))
+                              records_path=str(self.records_path), **(cfg.law or {}))
         self.plan.save(self.plan_path)
         self.records_path.touch()
         self._tail = RecordsTail(self.records_path)
@@ -167,9 +109,7 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self._labels = TokenClassifier(self.tokenizer)
         self._grammar_errors: dict[str, str] = {}
-        self._llm = self._start_vllm(speculation, draft_model, enable_prefix_caching, seed, dtype,
-                                     kv_cache_gb, reserved_cpus, in_process, max_num_seqs, enforce_eager,
-                                     ngram_min, ngram_max, block_size)
+        self._llm = self._start_vllm(cfg)
         self._engine = self._llm.llm_engine
         # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.
         drafter = self.proposer() if speculation in STOCK else None
@@ -194,34 +134,36 @@ class Engine:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def _start_vllm(self, speculation, draft_model, prefix_caching, seed, dtype, kv_cache_gb, reserved_cpus,
-                    in_process, max_num_seqs, enforce_eager, ngram_min, ngram_max, block_size):
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+    def _start_vllm(self, cfg: EngineConfig):
+        speculation = cfg.speculation
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.kv_cache_gb:g}")
         # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
-        if reserved_cpus is not None:
-            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved_cpus)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.in_process else "1"
+        if cfg.reserved_cpus is not None:
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.reserved_cpus)
         spec: dict[str, Any] | None = None
         if speculation in STOCK:
-            spec = stock_speculative_config(speculation, self.gamma_max, ngram_min=ngram_min, ngram_max=ngram_max)
+            spec = stock_speculative_config(speculation, self.gamma_max, ngram_min=cfg.ngram_min,
+                                            ngram_max=cfg.ngram_max)
         elif speculation == "structure":
             spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": self.gamma_max}
         elif speculation == "draft_model":
-            spec = {"method": "draft_model", "model": resolve_model(draft_model),
+            spec = {"method": "draft_model", "model": resolve_model(cfg.draft_model),
                     "num_speculative_tokens": self.gamma_max}
-        block = block_size or _default_block_size()
+        block = cfg.block_size or _default_block_size()
         extra = {"block_size": block} if block else {}
         previous = os.environ.get(PLAN_ENV)
         os.environ[PLAN_ENV] = str(self.plan_path)
         try:
             from vllm import LLM
 
-            return LLM(model=self.model, dtype=dtype or _default_dtype(), max_model_len=self.max_model_len,
-                       enable_prefix_caching=prefix_caching, seed=seed, max_num_seqs=max_num_seqs, **extra,
+            return LLM(model=self.model, dtype=cfg.dtype or _default_dtype(), max_model_len=self.max_model_len,
+                       enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.seed,
+                       max_num_seqs=cfg.max_num_seqs, **extra,
                        structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
                        per_request_spec_decode_metrics="detailed" if spec else "none",
-                       disable_log_stats=False, enforce_eager=enforce_eager)
+                       disable_log_stats=False, enforce_eager=cfg.enforce_eager)
         finally:
             if previous is None:
                 os.environ.pop(PLAN_ENV, None)
@@ -232,16 +174,8 @@ class Engine:
 
     def register_tools(self, tools: ToolRegistry | list) -> None:
         """Add tools (new names only; a known name with another schema is an error) and update the plan."""
-        changed = False
         with self._lock:
-            for tool in _as_registry(tools):
-                if tool.name in self.registry:
-                    if self.registry.get(tool.name).parameters != tool.parameters:
-                        raise ToolRegistryError(f"tool {tool.name!r} is already registered with another schema")
-                    continue
-                self.registry.add(tool)
-                changed = True
-            if changed:
+            if merge_tools(self.registry, tools):
                 self.plan.tools = self.registry.openai_tools()
                 self.plan.save(self.plan_path)
 
@@ -300,7 +234,7 @@ class Engine:
             future.set_result(TurnResult(request_id, error=f"{type(exc).__name__}: {exc}", agent_id=req.agent_id))
             return future
         live = _Live(req, request_id, f"{request_id}#{next(self._ids)}", fmt, future, prompt_ids, sampling, events,
-                     Segmenter(fmt) if events is not None else None, t_submit=t_submit)
+                     StreamSplitter(fmt) if events is not None else None, t_submit=t_submit)
         self._inbox.put(live)
         self._wake.set()
         return future
@@ -308,7 +242,7 @@ class Engine:
     def _request_tools(self, req: TurnRequest) -> ToolRegistry:
         if req.tools is None:
             return self.registry
-        registry = _as_registry(req.tools)
+        registry = as_registry(req.tools)
         unknown = [t for t in registry if t.name not in self.registry]
         if unknown:
             self.register_tools(unknown)
@@ -326,7 +260,7 @@ class Engine:
                     tool_choice: str = "auto") -> str:
         from agentspec_sdk.structure.turn_grammar import turn_grammar
 
-        registry = self.registry if tools is None else _as_registry(tools)
+        registry = self.registry if tools is None else as_registry(tools)
         return turn_grammar(get_format(fmt), registry, tool_choice=tool_choice)
 
     def _sampling(self, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry):
@@ -428,8 +362,8 @@ class Engine:
         if not live.t_first and len(comp.token_ids):
             live.t_first = now
         if live.events is not None and (len(comp.text) > len(live.text) or out.finished):
-            live.text_all = comp.text
-            self._emit(live, comp.text[len(live.text):], final=out.finished)
+            for event in live.splitter.feed(comp.text[len(live.text):], final=out.finished):
+                live.events.put(event)
         live.text = comp.text
         if not out.finished:
             return
@@ -438,21 +372,6 @@ class Engine:
             self._finish(live, out, comp, now)
         except Exception as exc:  # accounting failed for this turn: it still gets an answer
             self._fail(live, f"could not finish turn: {type(exc).__name__}: {exc}")
-
-    def _emit(self, live: _Live, delta: str, final: bool = False) -> None:
-        """Send text whose segment is decided; text that may still begin a marker waits (`pending`)."""
-        seg = live.segmenter
-        closed = seg.feed(delta)
-        decided = len(seg) if final else len(seg) - len(seg.pending)
-        at = live.emitted
-        for span in closed:
-            if span.end > at:
-                live.events.put(StreamEvent(live.text_all[at:span.end], span.kind, span.law_class.value))
-                at = span.end
-        if decided > at:
-            live.events.put(StreamEvent(live.text_all[at:decided], seg.kind, seg.law_class.value))
-            at = decided
-        live.emitted = at
 
     def _finish(self, live: _Live, out, comp, now: float) -> None:
         prompt_ids = list(out.prompt_token_ids or live.prompt_ids)
@@ -559,57 +478,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -- prompts --------------------------------------------------------------------------------------
-
-_ENV_WRAP = {"tool_calls": "<tool_response>\n{}\n</tool_response>", "react": "Observation: {}",
-             "code_agent": "<result>\n{}\n</result>"}
-
-
-def format_instructions(fmt: AgentFormat, registry: ToolRegistry) -> str:
-    """The system-prompt section that tells the model how to write a turn of `fmt` and which tools exist."""
-    tools = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters},
-                                 ensure_ascii=False, separators=(",", ":")) for t in registry)
-    if fmt.name == "tool_calls":
-        how = ("To call a tool, reply with exactly one line:\n"
-               '<tool_call>{"name":"<tool name>","arguments":{<arguments as JSON>}}</tool_call>\n'
-               "Use only the tools listed below and copy argument values from the user's message. "
-               "Tool results come back in <tool_response></tool_response>.")
-    elif fmt.name == "react":
-        how = ("Answer in this format:\nThought: <your reasoning>\nAction: <tool name>\n"
-               "Action Input: <arguments as JSON>\nObservation: <the tool result, written by the system>\n"
-               "... (repeat as needed)\nFinal Answer: <the answer>")
-    elif fmt.name == "code_agent":
-        how = ("Think briefly, then write Python code in a ```python fenced block. The result of running "
-               "it comes back in <result></result>. The tools below are Python functions you can call.")
-    else:
-        how = fmt.description or f"Write your turn in the {fmt.name} format."
-    return f"{how}\n\nTools (JSON):\n{tools}" if tools else how
-
-
-def chat_messages(messages: list[dict], fmt: AgentFormat, registry: ToolRegistry) -> list[dict[str, str]]:
-    """Messages with the format/tool instructions in the system prompt and tool results wrapped."""
-    out: list[dict[str, str]] = []
-    system = format_instructions(fmt, registry)
-    wrap = _ENV_WRAP.get(fmt.name, "{}")
-    for m in messages:
-        role, content = m.get("role"), m.get("content") or ""
-        if role not in ("system", "user", "assistant", "tool"):
-            raise BackendError(f"message role must be system, user, assistant or tool, got {role!r}")
-        if role == "system":
-            system = f"{content}\n\n{system}"
-        elif role == "tool":
-            out.append({"role": "user", "content": wrap.format(content)})
-        else:
-            out.append({"role": role, "content": content})
-    return [{"role": "system", "content": system}] + out
-
-
-def _as_registry(tools) -> ToolRegistry:
-    if isinstance(tools, ToolRegistry):
-        return tools
-    return ToolRegistry(list(tools))
 
 
 def _default_dtype() -> str:

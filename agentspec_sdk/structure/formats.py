@@ -99,6 +99,9 @@ class AgentFormat:
     ends there. `turn_end` are chat-template end tokens such as ``<|im_end|>``. `layout` names the
     shape of a model turn the turn grammar and `parse_turn` use (one of `LAYOUTS`); the layout
     finds its segment kinds by name, so a user format reuses a layout with its own markers.
+    `instructions` is the system-prompt text telling the model how to write a turn (empty: the
+    `description`); `env_wrap` is how a tool result is shown to the model, `{}` standing for the
+    result (see backends/prompts.py).
     """
 
     name: str
@@ -108,6 +111,8 @@ class AgentFormat:
     turn_end: tuple[str, ...] = ()
     description: str = ""
     layout: str | None = None
+    instructions: str = ""
+    env_wrap: str = "{}"
     _by_name: dict[str, SegmentKind] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -126,9 +131,6 @@ class AgentFormat:
     @property
     def kind_names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.kinds)
-
-    def model_kinds(self) -> tuple[SegmentKind, ...]:
-        return tuple(k for k in self.kinds if k.writer == "model")
 
     def open_markers(self) -> dict[str, tuple[str, int]]:
         """Every open marker → (kind name, index of the marker in that kind's `open`)."""
@@ -155,13 +157,16 @@ class AgentFormat:
             "turn_end": list(self.turn_end),
             "layout": self.layout,
             "kinds": [k.to_dict() for k in self.kinds],
+            "instructions": self.instructions,
+            "env_wrap": self.env_wrap,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AgentFormat:
         if not isinstance(data, Mapping):
             raise FormatError(f"a format must be an object, got {type(data).__name__}")
-        unknown = set(data) - {"name", "description", "initial", "stop", "turn_end", "kinds", "layout"}
+        unknown = set(data) - {"name", "description", "initial", "stop", "turn_end", "kinds", "layout",
+                               "instructions", "env_wrap"}
         if unknown:
             raise FormatError(f"format {data.get('name', '?')!r}: unknown keys {sorted(unknown)}")
         name = _str(data.get("name"), "format name")
@@ -176,6 +181,8 @@ class AgentFormat:
             turn_end=_markers(data.get("turn_end", ()), f"format {name!r}: turn_end"),
             description=str(data.get("description", "")),
             layout=data.get("layout"),
+            instructions=str(data.get("instructions", "")),
+            env_wrap=str(data.get("env_wrap", "{}")),
         )
 
 
@@ -249,6 +256,9 @@ def _validate(fmt: AgentFormat) -> None:
             if m in owners:
                 raise FormatError(f"{where}: open marker {m!r} used by both {owners[m]!r} and {k.name!r}")
             owners[m] = k.name
+    if fmt.env_wrap.count("{}") != 1:
+        raise FormatError(f"{where}: env_wrap must hold '{{}}' (where the tool result goes) once, "
+                          f"got {fmt.env_wrap!r}")
     for s in fmt.stop:
         if s not in owners or fmt.kind(owners[s]).writer != "env":
             raise FormatError(f"{where}: stop string {s!r} must be the open marker of an env-written kind")
@@ -267,6 +277,10 @@ REACT = AgentFormat(
     ),
     stop=("Observation:",),
     layout="react",
+    instructions=("Answer in this format:\nThought: <your reasoning>\nAction: <tool name>\n"
+                  "Action Input: <arguments as JSON>\nObservation: <the tool result, written by the system>\n"
+                  "... (repeat as needed)\nFinal Answer: <the answer>"),
+    env_wrap="Observation: {}",
 )
 
 TOOL_CALLS = AgentFormat(
@@ -281,6 +295,11 @@ TOOL_CALLS = AgentFormat(
     stop=("<tool_response>",),
     turn_end=("<|im_end|>",),
     layout="tool_calls",
+    instructions=("To call a tool, reply with exactly one line:\n"
+                  '<tool_call>{"name":"<tool name>","arguments":{<arguments as JSON>}}</tool_call>\n'
+                  "Use only the tools listed below and copy argument values from the user's message. "
+                  "Tool results come back in <tool_response></tool_response>."),
+    env_wrap="<tool_response>\n{}\n</tool_response>",
 )
 
 CODE_AGENT = AgentFormat(
@@ -295,6 +314,9 @@ CODE_AGENT = AgentFormat(
     stop=("<result>",),
     turn_end=("<|im_end|>",),
     layout="code_agent",
+    instructions=("Think briefly, then write Python code in a ```python fenced block. The result of running "
+                  "it comes back in <result></result>. The tools below are Python functions you can call."),
+    env_wrap="<result>\n{}\n</result>",
 )
 
 _BUILTIN = {f.name: f for f in (REACT, TOOL_CALLS, CODE_AGENT)}
