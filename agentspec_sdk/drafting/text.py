@@ -6,7 +6,6 @@ until the character completes, so `char_end[i]` (characters decoded after token 
 
 from __future__ import annotations
 
-import bisect
 import codecs
 
 
@@ -55,7 +54,3 @@ class HistoryText:
     def token_start(self, i: int) -> int:
         """Character offset where token i's text starts."""
         return self.char_end[i - 1] if i > 0 else 0
-
-    def token_at_char(self, offset: int) -> int:
-        """Index of the first token whose text ends after `offset` (the token holding that character)."""
-        return bisect.bisect_right(self.char_end, offset)

@@ -37,14 +37,6 @@ def registry_from_tools(tools: Iterable[Any]) -> Any:
     return registry
 
 
-def tool_dicts(registry: Any) -> list[dict[str, Any]]:
-    return [openai_tool(t) for t in registry.tools]
-
-
-def tool_names(tools: Sequence[Any]) -> list[str]:
-    return [openai_tool(t)["function"]["name"] for t in tools]
-
-
 def tools_key(tools: Sequence[dict[str, Any]]) -> str:
     return json.dumps(tools, sort_keys=True, default=str)
 
