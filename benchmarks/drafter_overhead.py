@@ -96,7 +96,7 @@ def simulate(drafter_cls, row_input, plan_cls, tok, case, grammar_fn, *, batch: 
     plan = plan_cls(tools=case["tools"], gamma_max=gamma)
     drafter = drafter_cls(plan, tok)
     if not lookup:
-        drafter._lookup = lambda *a, **k: ("", "")
+        drafter._lookup = lambda *a, **k: ("", "", 0)  # (text, follow, matched chars): no lookup match
     msgs = [{"role": "system", "content": system_prompt()},
             {"role": "user", "content": case["user"]}]
     prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

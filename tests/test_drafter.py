@@ -1,10 +1,12 @@
 import json
+import logging
 import time
 
 import numpy as np
 import pytest
 
 from agentspec_sdk.drafting import drafter as drafter_mod
+from agentspec_sdk.drafting import rows as rows_mod
 from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
 from agentspec_sdk.drafting.plan import DraftPlan, PlanError
@@ -252,15 +254,23 @@ def test_the_drafter_prices_tokens_with_the_delta_it_learns_from_its_step_times(
 
 # -- robustness -------------------------------------------------------------------------------
 
-def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch):
+def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch, caplog):
     drafter = StructureDrafter(DraftPlan(tools=[]), tok)
     good = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
                       + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
     bad = good[:-3] + [999_999_999]  # not a token id of this vocabulary; the fake below raises on it
-    monkeypatch.setattr(drafter_mod._Row, "__init__", _raising_init(drafter_mod._Row.__init__))
+    monkeypatch.setattr(rows_mod.RowState, "__init__", _raising_init(rows_mod.RowState.__init__))
+    caplog.set_level(logging.ERROR, logger="agentspec.drafting")
     out = drafter.propose([RowInput(np.array(bad)), RowInput(np.array(good))])
     assert out[0] == [] and out[1]
-    assert drafter.stats()["errors"] == 1
+    stats = drafter.stats()
+    assert stats["errors"] == 1 and stats["batch_errors"] == 0
+    assert stats["last_error"].startswith("row 0: Traceback") and "RuntimeError: boom" in stats["last_error"]
+    [record] = [r for r in caplog.records if r.name == "agentspec.drafting"]
+    assert "row 0 failed" in record.getMessage() and record.exc_info[0] is RuntimeError
+    assert 'raise RuntimeError("boom")' in caplog.text  # the traceback reaches the log, down to the raising line
+    drafter.propose([RowInput(np.array(good))])
+    assert drafter.stats()["last_error"] == stats["last_error"]  # kept until the next failure
 
 
 def _raising_init(real):
@@ -332,7 +342,7 @@ def test_ablation_without_budget_drafts_fixed_lengths(tok):
     assert len(fixed.propose([RowInput(np.array(ids))])[0]) > 3
 
 
-def test_a_failing_step_drafts_nothing_and_is_counted(tok, monkeypatch):
+def test_a_failing_step_drafts_nothing_and_is_counted(tok, monkeypatch, caplog):
     drafter = StructureDrafter(DraftPlan(tools=[]), tok)
     ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
                      + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
@@ -341,8 +351,37 @@ def test_a_failing_step_drafts_nothing_and_is_counted(tok, monkeypatch):
         raise ValueError("allocator failed")
 
     monkeypatch.setattr(drafter_mod, "allocate", broken)
+    caplog.set_level(logging.ERROR, logger="agentspec.drafting")
     assert drafter.propose([RowInput(np.array(ids)), RowInput(np.array(ids[:-1]))]) == [[], []]
-    assert drafter.stats()["errors"] == 2
+    stats = drafter.stats()
+    assert stats["errors"] == 2 and stats["batch_errors"] == 1
+    assert stats["last_error"].startswith("step of 2 rows: Traceback")
+    assert "ValueError: allocator failed" in stats["last_error"]
+    [record] = [r for r in caplog.records if r.name == "agentspec.drafting"]
+    assert "step of 2 rows failed" in record.getMessage() and record.exc_info[0] is ValueError
+    assert 'raise ValueError("allocator failed")' in caplog.text
+    for _ in range(drafter_mod.LOGGED_FAILURES + 2):  # a persistent bug: the log gets the first ones only
+        drafter.propose([RowInput(np.array(ids))])
+    logged = [r for r in caplog.records if r.name == "agentspec.drafting"]
+    assert drafter.failures == drafter_mod.LOGGED_FAILURES + 3 and len(logged) == drafter_mod.LOGGED_FAILURES
+    assert f"every {drafter_mod.LOG_EVERY}th" in logged[-1].getMessage()
+    monkeypatch.undo()
+    assert drafter.propose([RowInput(np.array(ids))])[0]  # the next step drafts again
+    assert drafter.stats()["batch_errors"] == drafter_mod.LOGGED_FAILURES + 3
+
+
+def test_an_unwritable_records_file_warns_once_and_drafting_goes_on(tok, tmp_path, caplog):
+    records = tmp_path / "records.jsonl"
+    records.mkdir()  # a directory: every append fails
+    drafter = StructureDrafter(DraftPlan(tools=[], records_path=str(records)), tok)
+    ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
+                     + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
+    caplog.set_level(logging.WARNING, logger="agentspec.drafting")
+    for _ in range(3):
+        assert drafter.propose([RowInput(np.array(ids))])[0]
+    warned = [r for r in caplog.records if "cannot write draft records" in r.getMessage()]
+    assert len(warned) == 1 and str(records) in warned[0].getMessage()
+    assert drafter.stats()["errors"] == 0 and drafter.stats()["steps"] == 3
 
 
 def test_an_unsupported_tool_schema_disables_forcing_only(tok):

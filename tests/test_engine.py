@@ -239,16 +239,15 @@ def test_proposer_exception_does_not_kill_the_engine(engine_structure):
     assert proposer is not None, "test needs the in-process engine core"
     req = TurnRequest(messages=[{"role": "user", "content": "Weather in Lima?"}], tools=[WEATHER], max_tokens=40)
     before = engine_structure.stats()["proposer"]["batch_errors"]
-    original = proposer.drafter.propose
 
-    def broken(rows):
+    def broken(*args):
         raise RuntimeError("injected drafter failure")
 
-    proposer.drafter.propose = broken
+    proposer.drafter._propose = broken  # the step inside the drafter's own catch
     try:
         failed_over = engine_structure.generate([req])[0]
     finally:
-        proposer.drafter.propose = original
+        del proposer.drafter._propose
     assert failed_over.ok and failed_over.token_ids and not failed_over.records
     assert engine_structure.stats()["proposer"]["batch_errors"] > before
     again = engine_structure.generate([req])[0]
@@ -328,12 +327,15 @@ def test_proposer_adapter_without_vllm(tmp_path, monkeypatch, hf_tokenizer):
     lines = [json.loads(x) for x in records.read_text().splitlines()]
     assert any(x["type"] == "draft" and x["tokens"] == drafts[0] and x["position"] == len(ids) for x in lines)
 
-    def broken(rows):
+    def broken(*args):
         raise ValueError("boom")
 
-    proposer.drafter.propose = broken
+    proposer.drafter._propose = broken
     assert proposer.propose([[ids[-1]]], counts[:1], batch[:1]) == [[]]
-    assert proposer.batch_errors == 1
+    assert proposer.batch_errors == 1 and proposer.stats()["batch_errors"] == 1
+    step = json.loads(records.read_text().splitlines()[-1])  # the step line says the batch failed
+    assert step["type"] == "step" and step["batch_error"] is True and step["errors"] == 1
+    assert "ValueError: boom" in proposer.stats()["last_error"]
     assert os.environ[PLAN_ENV]
 
 

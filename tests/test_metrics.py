@@ -321,7 +321,7 @@ def test_the_vllm_proposer_adapter_counts_steps_rows_and_batch_errors(tmp_path, 
                 break
             acc += 1
         k += acc + 1
-    proposer.drafter.propose = lambda rows: 1 / 0  # a drafter bug: the batch gets no drafts
+    proposer.drafter._propose = lambda *args: 1 / 0  # a drafter bug: the batch gets no drafts
     assert proposer.propose([[target[-1]]], np.array([len(target)]), table) == [[]]
     delta = subtract(parse_agentspec(generate_latest(REGISTRY).decode()), before)
     s = summarize(delta)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter, _Candidate
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
 from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.rows import Candidate
 from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="arctic-inference missing: scripts/setup.sh installs it")
@@ -84,8 +85,8 @@ def test_structure_drafter_without_trees_when_the_plan_says_so(tok):
 
 def test_budget_prices_each_token_by_its_own_confidence(tok):
     drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False, delta=0.3), tok)
-    confident = _Candidate([1, 2, 3, 4], ["suffix"] * 4, "reasoning", "R", [0.95, 0.95, 0.9, 0.2])
-    weak = _Candidate([5, 6, 7], ["suffix"] * 3, "reasoning", "R", [0.25, 1.0, 1.0])
+    confident = Candidate([1, 2, 3, 4], ["suffix"] * 4, "reasoning", "R", [0.95, 0.95, 0.9, 0.2])
+    weak = Candidate([5, 6, 7], ["suffix"] * 3, "reasoning", "R", [0.25, 1.0, 1.0])
     sizes = [len(d) for d in drafter._size([confident, weak])]
     price = drafter.price
     # a token is sent while the product of confidences up to it pays its price (at this step's rows)
@@ -100,8 +101,8 @@ def test_budget_prices_each_token_by_its_own_confidence(tok):
 
 def test_expected_value_compares_tree_and_learned_candidates(tok):
     drafter = StructureDrafter(DraftPlan(tools=[]), tok)
-    tree = _Candidate([1, 2], ["suffix", "suffix"], "reasoning", "R", [0.9, 0.9])
+    tree = Candidate([1, 2], ["suffix", "suffix"], "reasoning", "R", [0.9, 0.9])
     assert drafter._expected(tree) == pytest.approx(0.9 + 0.81)
-    lookup = _Candidate([1, 2, 3], ["lookup"] * 3, "reasoning", "R")
+    lookup = Candidate([1, 2, 3], ["lookup"] * 3, "reasoning", "R")
     a = drafter.accounting.acceptance.alpha("R", "lookup")
     assert drafter._expected(lookup) == pytest.approx(a + a * a + a ** 3)

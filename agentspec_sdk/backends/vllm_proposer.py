@@ -12,6 +12,9 @@ sees resolved: the row leaves the batch) against the final output.
 Every settled round, budget decision and step also goes to the Prometheus metrics of
 `backends.prom_metrics` (on `vllm serve`'s own /metrics when PROMETHEUS_MULTIPROC_DIR is set), with or
 without a records file. The drafter keeps only its first KEEP_ROUNDS rounds in memory.
+
+The drafter's `propose` never raises: it catches a failing step itself (no drafts, a batch error,
+logged with its traceback on `agentspec.drafting`), so this adapter has no catch of its own around it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from agentspec_sdk.backends.prom_metrics import proposer_metrics
 from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
 
-log = logging.getLogger("agentspec.proposer")
+log = logging.getLogger("agentspec.backends")
 KEEP_ROUNDS = 10_000  # rounds kept in memory for in-process inspection; counters and metrics keep the rest
 
 
@@ -42,7 +45,6 @@ class AgentSpecProposer:
         self.drafter.accounting.keep = KEEP_ROUNDS
         self.metrics = proposer_metrics()
         self.drafter.accounting.observer = self.metrics
-        self.batch_errors = 0  # steps where the drafter raised: the whole batch got no drafts
         self.steps = 0
         self.seconds = 0.0
         self._last_start: float | None = None
@@ -57,18 +59,11 @@ class AgentSpecProposer:
         rows = [RowInput(token_ids_cpu[i], int(num_tokens_no_spec[i]), bool(len(sampled_token_ids[i])),
                          len(sampled_token_ids[i])) for i in range(n)]  # basic slicing inside history(): views, no copies
         acc = self.drafter.accounting
-        rebuilds, row_errors = acc.rebuilds, acc.errors
-        batch_error = False
-        try:
-            drafts = self.drafter.propose(rows)
-            drafts = [self._clip(d, r.num_tokens) for d, r in zip(drafts, rows, strict=True)]
-            self._log_drafts(drafts)
-        except Exception:  # the engine must survive any drafter bug: no drafts this step
-            self.batch_errors += 1
-            batch_error = True
-            log.exception("agentspec proposer failed; no drafts for this step (%d so far)", self.batch_errors)
-            drafts = [[] for _ in range(n)]
-            self._log_error(n)
+        rebuilds, row_errors, batch_errors = acc.rebuilds, acc.errors, acc.batch_errors
+        drafts = self.drafter.propose(rows)  # never raises: a failing step gives no drafts
+        drafts = [self._clip(d, r.num_tokens) for d, r in zip(drafts, rows, strict=True)]
+        self._log_drafts(drafts)
+        batch_error = acc.batch_errors > batch_errors
         seconds = time.perf_counter() - started
         self.steps += 1
         self.seconds += seconds
@@ -78,7 +73,7 @@ class AgentSpecProposer:
         interval = started - self._last_start if continued > 0 and self._last_start is not None else None
         self._last_start = started
         try:
-            self.metrics.step(n, seconds, acc.errors - row_errors, batch_error, interval)
+            self.metrics.step(n, seconds, 0 if batch_error else acc.errors - row_errors, batch_error, interval)
         except Exception:  # metrics never take the engine down
             log.exception("agentspec proposer metrics failed")
         return drafts
@@ -106,20 +101,16 @@ class AgentSpecProposer:
                 "tokens": draft}))
         self._append(lines)
 
-    def _log_error(self, rows: int) -> None:
-        if self._records_path() is not None:
-            self._append([json.dumps({"type": "step", "rows": rows, "drafted": 0, "proposer_s": 0.0,
-                                      "errors": rows, "batch_error": True})])
-
     def _append(self, lines: list[str]) -> None:
-        try:
-            self.drafter.accounting.write(lines)  # the drafter's file, rotated at the plan's cap
-        except OSError:
-            log.warning("agentspec proposer cannot write records to %s", self._records_path())
+        self.drafter.accounting.write(lines)  # the drafter's file, rotated at the plan's cap; warns when it cannot
+
+    @property
+    def batch_errors(self) -> int:
+        """Steps where the drafter failed as a whole: the batch got no drafts."""
+        return self.drafter.accounting.batch_errors
 
     def stats(self) -> dict:
-        out = self.drafter.stats()
-        out["batch_errors"] = self.batch_errors
+        out = self.drafter.stats()  # batch_errors included
         out["adapter_steps"] = self.steps
         out["adapter_s"] = self.seconds
         return out

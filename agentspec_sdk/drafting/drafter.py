@@ -1,14 +1,20 @@
 """The structure drafter: one draft per batch row from the row's token history and the plan.
 
 vLLM's custom proposer hands over only token histories (no request ids, no grammar state), so each row
-is tracked by its history: a cached `_Row` (decoded text, segmenter over the model's turn, lookup
+is tracked by its history: a cached `RowState` (decoded text, segmenter over the model's turn, lookup
 corpora, tool-call matcher, pending draft) is reused when the row's history extends the cached one by
 at most one round's worth of tokens, and rebuilt otherwise (rows finish, arrive, get reordered).
 
 Per step and row: resolve the previous draft (accounting), find the open segment, build a candidate
 draft (grammar-forced text inside a tool call chained with in-segment lookup; a begun open marker
 is completed and the new segment drafted), cut it at the segment's end,
-then size all drafts together with the budget allocator.
+then size all drafts together with the budget allocator. The rows' own objects (`RowInput`, the cached
+`RowState`, a `Candidate`) are in `drafting.rows`; the tokenizer set-up in `drafting.tokenizer`.
+
+`propose` never raises (vLLM's engine must survive any drafter bug): a row that fails gets no draft, a
+step that fails gives no drafts at all and counts a batch error. Either is logged with its traceback
+on the `agentspec.drafting` logger (the first LOGGED_FAILURES, then every LOG_EVERY-th) and the last
+traceback stays in `stats()["last_error"]`.
 """
 
 from __future__ import annotations
@@ -16,21 +22,22 @@ from __future__ import annotations
 import logging
 import os
 import time
+import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from agentspec_sdk.drafting.budget import allocate, batch_price, fixed
-from agentspec_sdk.drafting.fingerprint import RollingHash
 from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
-from agentspec_sdk.drafting.lookup import SEPARATOR, continuation
+from agentspec_sdk.drafting.lookup import continuation
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
+from agentspec_sdk.drafting.rows import Candidate, RowInput, RowState
 from agentspec_sdk.drafting.suffix_source import SuffixTrees
 from agentspec_sdk.drafting.suffix_source import available as suffix_available
-from agentspec_sdk.drafting.text import HistoryText, TokenBytes
+from agentspec_sdk.drafting.text import TokenBytes
+from agentspec_sdk.drafting.tokenizer import ll_tokenizer, turn_markers
 from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.law.estimators import OnlineAcceptance, OnlineStepCost
 from agentspec_sdk.structure.formats import AgentFormat, LawClass
@@ -38,8 +45,8 @@ from agentspec_sdk.structure.segmenter import Segmenter
 
 log = logging.getLogger("agentspec.drafting")
 
-FALLBACK_TURN_START = "<|im_start|>assistant\n"
-FALLBACK_TURN_END = "<|im_end|>"
+LOGGED_FAILURES = 10  # failures (rows or steps) logged with their traceback; after them every LOG_EVERY-th
+LOG_EVERY = 1000
 ANCHOR_TOKENS = 4  # emitted tokens re-tokenized together with a draft (BPE context)
 MAX_MATCH_CHARS = 64
 # What usually follows forced JSON text (a value's first letter or digit): a last forced token that
@@ -47,123 +54,6 @@ MAX_MATCH_CHARS = 64
 FORCED_PROBES = ("a", "0")
 # After a lookup draft cut where the grammar or the segment ends it: what may come next there.
 TRIMMED_PROBES = ("a", "0", '"')
-
-
-@dataclass(frozen=True, slots=True)
-class RowInput:
-    """One batch row: its whole history (prompt + output so far, including the tokens just sampled).
-
-    `num_tokens` limits the history to `token_ids[:num_tokens]` (vLLM's `num_tokens_no_spec`).
-    `draftable` is False for a row that sampled nothing this step (chunked prefill): it gets no draft.
-    `sampled` is how many tokens the row got in the step just run (vLLM's `sampled_token_ids`): the
-    draft verified in that step had `sampled - 1` tokens accepted; None where unknown.
-    """
-
-    token_ids: np.ndarray
-    num_tokens: int | None = None
-    draftable: bool = True
-    sampled: int | None = None
-
-    def history(self) -> np.ndarray:
-        ids = np.asarray(self.token_ids)
-        return ids if self.num_tokens is None else ids[: self.num_tokens]
-
-
-@dataclass(slots=True)
-class _Candidate:
-    tokens: list[int]
-    sources: list[str]  # per token: forced | marker | repeat | lookup | suffix
-    kind: str
-    law_class: str
-    confidences: list[float] | None = None  # per token, given the ones before (suffix trees); None: learned
-
-    @property
-    def source(self) -> str:
-        return self.sources[0]
-
-
-class _Row:
-    """Cached state of one request's row."""
-
-    __slots__ = ("ids", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
-                 "call", "call_start", "pending", "trees", "tree_key")
-
-    def __init__(self, drafter: StructureDrafter, ids: np.ndarray):
-        self.ids = np.array(ids, dtype=np.int64)
-        self.n = len(self.ids)
-        self.trees = drafter.trees
-        self.tree_key = self.trees.start(self.ids) if self.trees is not None else -1
-        self.hash = RollingHash.of(self.ids)
-        self.text = HistoryText(drafter.token_bytes)
-        self.text.extend(self.ids.tolist())
-        full = self.text.text
-        at = full.rfind(drafter.turn_start)
-        self.turn_char = at + len(drafter.turn_start) if at >= 0 else 0
-        self.prompt_text = full[: self.turn_char]
-        self.fmt = drafter.pick_format(self.prompt_text)
-        self.corpora: dict[str, str] = {}
-        for turn in _model_turns(self.prompt_text, drafter.turn_start, drafter.turn_end):
-            for span in _spans(self.fmt, turn):
-                self._add_corpus(span.kind, turn[span.start:span.end])
-        self.seg = Segmenter(self.fmt)
-        self._feed(full[self.turn_char:])
-        self.call: CallMatcher | None = None
-        self.call_start = -1
-        self.pending: PendingDraft | None = None
-
-    def matches(self, ids: np.ndarray, max_growth: int) -> bool:
-        n = self.n
-        return n <= len(ids) <= n + max_growth and np.array_equal(ids[:n], self.ids[:n])
-
-    def advance(self, ids: np.ndarray) -> None:
-        new = ids[self.n:]
-        if not len(new):
-            return
-        self.ids = np.array(ids, dtype=np.int64)
-        self.n = len(ids)
-        new_list = new.tolist()
-        self.hash.extend(new_list)
-        if self.trees is not None:
-            self.trees.extend(self.tree_key, new)
-        self._feed(self.text.extend(new_list))
-
-    def _feed(self, chunk: str) -> None:
-        if not chunk:
-            return
-        turn = self.text.text
-        for span in self.seg.feed(chunk):
-            self._add_corpus(span.kind, turn[self.turn_char + span.start:self.turn_char + span.end])
-
-    def _add_corpus(self, kind: str, text: str) -> None:
-        if text:
-            self.corpora[kind] = self.corpora.get(kind, "") + text + SEPARATOR
-
-    def segment_text(self) -> str:
-        return self.text.text[self.turn_char + self.seg.current.start:]
-
-    def forget(self) -> None:
-        """The row left the batch: its prompt tree goes, its response stays in the global tree."""
-        if self.trees is not None:
-            self.trees.stop(self.tree_key)
-
-
-def _model_turns(prompt: str, turn_start: str, turn_end: str) -> list[str]:
-    """Texts of the earlier model turns in a rendered prompt (between turn start and turn end)."""
-    turns = []
-    at = prompt.find(turn_start)
-    while at >= 0:
-        begin = at + len(turn_start)
-        end = prompt.find(turn_end, begin) if turn_end else -1
-        end = len(prompt) if end < 0 else end
-        turns.append(prompt[begin:end])
-        at = prompt.find(turn_start, end)
-    return turns
-
-
-def _spans(fmt: AgentFormat, text: str):
-    seg = Segmenter(fmt)
-    seg.feed(text)
-    return seg.all_spans()
 
 
 class StructureDrafter:
@@ -174,14 +64,16 @@ class StructureDrafter:
         """`plan_path`: re-read the plan when this file changes. `max_draft`: hard cap on a draft's
         length whatever the plan says (vLLM's num_speculative_tokens)."""
         self.max_draft = max_draft
-        self.ll, self.token_bytes = _ll_tokenizer(tokenizer)
+        self.ll, self.token_bytes = ll_tokenizer(tokenizer)
         self._watcher = PlanWatcher(plan_path) if plan_path else None
-        self._turn_start_default, self.turn_end = _turn_markers(tokenizer)
-        self._rows: list[_Row | None] = []
+        self._turn_start_default, self.turn_end = turn_markers(tokenizer)
+        self._rows: list[RowState | None] = []
         self.trees: SuffixTrees | None = None
         self.suffix_chosen = 0  # rows whose draft came from the suffix trees
         self.accounting = Accounting(OnlineAcceptance(plan.prior_acceptance), plan.records_path)
         self.cost = OnlineStepCost(plan.delta)
+        self.last_error: str | None = None  # traceback of the last failing row or step
+        self.failures = 0  # failing rows and steps, logged or not
         self._apply_plan(plan)
 
     @classmethod
@@ -231,6 +123,8 @@ class StructureDrafter:
         try:
             self._apply_plan(plan)
         except Exception as exc:  # a plan that cannot be applied keeps the running one
+            log.warning("structure drafter: plan version %s not applied, the running one stays", plan.version,
+                        exc_info=True)
             self._apply_plan(old)
             self.grammar_error = f"plan version {plan.version} not applied: {exc}"
 
@@ -245,21 +139,34 @@ class StructureDrafter:
 
     def propose(self, rows: Sequence[RowInput]) -> list[list[int]]:
         """One draft per row (empty = none). Never raises: a failing row, or a failing step, drafts
-        nothing and is counted in `stats()["errors"]`."""
+        nothing and is counted in `stats()["errors"]` (a failing step also in `batch_errors`); its
+        traceback is logged and kept in `stats()["last_error"]`."""
         started, at = time.perf_counter(), time.time()
         try:
             return self._propose(rows, started, at)
-        except Exception:
+        except Exception:  # the one batch-level catch: vLLM's engine must survive any drafter bug
+            self._failed(f"step of {len(rows)} rows")
             self._forget_rows(self._rows)
             self._rows = []
-            self.accounting.end_step(len(rows), 0, time.perf_counter() - started, max(1, len(rows)), at)
+            self.accounting.batch_errors += 1
+            self.accounting.end_step(len(rows), 0, time.perf_counter() - started, max(1, len(rows)), at,
+                                     {"batch_error": True})
             return [[] for _ in rows]
+
+    def _failed(self, what: str) -> None:
+        """Log the exception being handled, with its traceback, and keep it for `stats()`."""
+        self.failures += 1
+        self.last_error = f"{what}: {traceback.format_exc()}"
+        n = self.failures
+        if n <= LOGGED_FAILURES or n % LOG_EVERY == 0:
+            later = f"; from now on every {LOG_EVERY}th is logged" if n == LOGGED_FAILURES else ""
+            log.exception("structure drafter: %s failed, no draft there (failure %d%s)", what, n, later)
 
     def _propose(self, rows: Sequence[RowInput], started: float, at: float) -> list[list[int]]:
         self._check_plan()
         errors = 0
         states = self._match_rows(rows)
-        candidates: list[_Candidate | None] = [None] * len(rows)
+        candidates: list[Candidate | None] = [None] * len(rows)
         for i, row in enumerate(rows):
             if not row.draftable:
                 continue
@@ -267,7 +174,7 @@ class StructureDrafter:
                 st = states[i]
                 ids = row.history()
                 if st is None:
-                    st = states[i] = _Row(self, ids)
+                    st = states[i] = RowState(self, ids)
                     self.accounting.rebuilds += 1
                 else:
                     self._resolve(st, ids, row.sampled)
@@ -276,6 +183,7 @@ class StructureDrafter:
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1
                 states[i] = None
+                self._failed(f"row {i}")
         self._rows = states
         drafts = self._size(candidates)
         self.accounting.sized([(c.law_class, len(c.tokens), len(d)) for c, d in zip(candidates, drafts, strict=True)
@@ -294,14 +202,14 @@ class StructureDrafter:
         self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
         return drafts
 
-    def _match_rows(self, rows: Sequence[RowInput]) -> list[_Row | None]:
+    def _match_rows(self, rows: Sequence[RowInput]) -> list[RowState | None]:
         old = self._rows
         growth = self.gamma + 1
-        out: list[_Row | None] = [None] * len(rows)
+        out: list[RowState | None] = [None] * len(rows)
         free = set(range(len(old)))
         histories = [r.history() for r in rows]
         for i, ids in enumerate(histories):
-            if i < len(old) and old[i] is not None and old[i].matches(ids, max(growth, _plen(old[i]) + 1)):
+            if i < len(old) and old[i] is not None and old[i].matches(ids, max(growth, old[i].pending_len + 1)):
                 out[i] = old[i]
                 free.discard(i)
         if free:
@@ -310,7 +218,7 @@ class StructureDrafter:
                     continue
                 for j in sorted(free):
                     st = old[j]
-                    if st is not None and st.matches(ids, max(growth, _plen(st) + 1)):
+                    if st is not None and st.matches(ids, max(growth, st.pending_len + 1)):
                         out[i] = st
                         free.discard(j)
                         break
@@ -326,7 +234,7 @@ class StructureDrafter:
             if st is not None:
                 st.forget()
 
-    def _resolve(self, st: _Row, ids: np.ndarray, sampled: int | None = None) -> None:
+    def _resolve(self, st: RowState, ids: np.ndarray, sampled: int | None = None) -> None:
         pending = st.pending
         if pending is None or len(ids) <= pending.position:
             return
@@ -337,7 +245,7 @@ class StructureDrafter:
 
     # -- one row's candidate draft ------------------------------------------------------------
 
-    def _candidate(self, st: _Row) -> _Candidate | None:
+    def _candidate(self, st: RowState) -> Candidate | None:
         own = self._structure_candidate(st)
         if self.trees is None or (own is not None and own.source in ("forced", "marker")):
             return own  # grammar-forced text (and a begun marker) goes first
@@ -347,7 +255,7 @@ class StructureDrafter:
             return tree
         return own
 
-    def _suffix_candidate(self, st: _Row) -> _Candidate | None:
+    def _suffix_candidate(self, st: RowState) -> Candidate | None:
         """SuffixDecoding's draft for this row, cut where the current segment ends."""
         tokens, conf = self.trees.speculate(st.tree_key, st.ids, self.gamma)
         if not tokens:
@@ -367,13 +275,13 @@ class StructureDrafter:
         if not tokens:
             return None
         kind = st.fmt.kind(st.seg.kind)
-        return _Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
+        return Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
 
-    def _expected(self, cand: _Candidate) -> float:
+    def _expected(self, cand: Candidate) -> float:
         """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""
         return float(np.cumprod(self._confidences(cand)).sum())
 
-    def _confidences(self, cand: _Candidate) -> list[float]:
+    def _confidences(self, cand: Candidate) -> list[float]:
         if cand.confidences is not None:
             return cand.confidences
         acc, cache = self.accounting.acceptance, {}
@@ -384,7 +292,7 @@ class StructureDrafter:
             out.append(cache[src])
         return out
 
-    def _structure_candidate(self, st: _Row) -> _Candidate | None:
+    def _structure_candidate(self, st: RowState) -> Candidate | None:
         seg = st.seg
         kind = st.fmt.kind(seg.kind)
         if self.gamma == 0:
@@ -403,9 +311,9 @@ class StructureDrafter:
         if not text:
             return None
         tokens, sources = self._tokens_for(st, text, parts, keep_last=keep_last, probes=probes)
-        return _Candidate(tokens, sources, kind.name, law_class) if tokens else None
+        return Candidate(tokens, sources, kind.name, law_class) if tokens else None
 
-    def _opening(self, st: _Row):
+    def _opening(self, st: RowState):
         """(kind, marker) when the text held back by the segmenter begins the open marker of a
         model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
         belongs to the new segment, so drafting the rest of the marker stays inside it."""
@@ -420,7 +328,7 @@ class StructureDrafter:
                     return kind, marker
         return None
 
-    def _opening_candidate(self, st: _Row, kind, marker: str) -> _Candidate | None:
+    def _opening_candidate(self, st: RowState, kind, marker: str) -> Candidate | None:
         rest = marker[len(st.seg.pending):]
         call = self._matcher_for(st, kind, marker) if self._registry is not None else None
         forced = call.forced_text("") if call is not None else ""
@@ -432,9 +340,9 @@ class StructureDrafter:
         parts = [(0, "marker")] + [(len(rest) + at, src) for at, src in parts]
         tokens, sources = self._tokens_for(st, rest + text, parts, keep_last=keep_last or not text, probes=probes,
                                            seg=seg, offset=len(rest))
-        return _Candidate(tokens, sources, kind.name, law_class) if tokens else None
+        return Candidate(tokens, sources, kind.name, law_class) if tokens else None
 
-    def _chain(self, st: _Row, kind, law_class: str, seg_text: str, call, forced: str):
+    def _chain(self, st: RowState, kind, law_class: str, seg_text: str, call, forced: str):
         """(draft text, keep its last token, probes for the last token, parts: (offset, source) where
         each source's text begins).
 
@@ -444,7 +352,7 @@ class StructureDrafter:
         budget = 6 * self.gamma + 8
         close = _close_of(kind, seg_text)
         opener = _open_of(kind, seg_text) or ""
-        saved = (call.dead, call.complete, list(call.fed)) if call is not None else None
+        saved = call.save() if call is not None else None
         text, follow, ended, last = "", "", False, ""
         parts: list[tuple[int, str]] = []
 
@@ -473,7 +381,7 @@ class StructureDrafter:
                     if forced and matched < len(forced) + self.plan.lookup_min_chars:
                         break  # a match inside the forced text only echoes the grammar
                 if more and call is not None:
-                    allowed = _grammar_prefix(call, seg_text[len(opener):] + text, more)
+                    allowed = call.allowed_after(seg_text[len(opener):] + text, more)
                     if allowed != more:  # vLLM would trim the rest by the request grammar anyway
                         more, follow = allowed, ""
                 if not more:
@@ -487,7 +395,7 @@ class StructureDrafter:
                 forced = call.forced_text(seg_text[len(opener):] + text)
         finally:
             if call is not None:
-                _restore(call, *saved)
+                call.restore(saved)
         if not text:
             return "", False, (), []
         if ended:
@@ -498,7 +406,7 @@ class StructureDrafter:
             probes = (follow,) if follow else TRIMMED_PROBES
         return text, False, probes, parts
 
-    def _forced(self, st: _Row, kind, seg_text: str) -> str:
+    def _forced(self, st: RowState, kind, seg_text: str) -> str:
         if self._registry is None or kind.law_class is not LawClass.S:
             return ""
         start = st.seg.current.start
@@ -509,7 +417,7 @@ class StructureDrafter:
             return ""
         return st.call.forced_text(seg_text[len(opener):])
 
-    def _matcher_for(self, st: _Row, kind, seg_text: str) -> CallMatcher | None:
+    def _matcher_for(self, st: RowState, kind, seg_text: str) -> CallMatcher | None:
         """Which grammar forces text in this segment kind: a JSON tool call between markers (the
         union over tools), ReAct's ``Action:`` (a tool name), ReAct's ``Action Input:`` (the arguments
         of the tool named in the preceding action)."""
@@ -534,7 +442,7 @@ class StructureDrafter:
             return None
         return self._proto[key].fork()
 
-    def _named_tool(self, st: _Row) -> str | None:
+    def _named_tool(self, st: RowState) -> str | None:
         turn = st.text.text[st.turn_char:]
         for span in reversed(st.seg.spans):
             if span.kind == "action":
@@ -544,7 +452,7 @@ class StructureDrafter:
                 return name if name in self._registry else None
         return None
 
-    def _repeat(self, st: _Row, kind, query: str) -> tuple[str, str, int]:
+    def _repeat(self, st: RowState, kind, query: str) -> tuple[str, str, int]:
         """Lookup in earlier segments of the same kind only (a repeated tool call)."""
         same = st.corpora.get(kind.name)
         if not same or not self.plan.isolation:
@@ -552,7 +460,7 @@ class StructureDrafter:
         return continuation(query, [(same, len(same))], min_chars=self.plan.lookup_min_chars,
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
-    def _lookup(self, st: _Row, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
+    def _lookup(self, st: RowState, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
         if not self.plan.isolation:
             full = st.text.text
             corpora = [(full, len(full) - 1)]
@@ -565,7 +473,7 @@ class StructureDrafter:
         return continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
-    def _tokens_for(self, st: _Row, text: str, parts: list[tuple[int, str]], *, keep_last: bool,
+    def _tokens_for(self, st: RowState, text: str, parts: list[tuple[int, str]], *, keep_last: bool,
                     probes: tuple[str, ...] = (), seg: Segmenter | None = None,
                     offset: int = 0) -> tuple[list[int], list[str]]:
         """(tokens, source of each token: the part its first byte lies in). `seg`/`offset`: the
@@ -584,7 +492,7 @@ class StructureDrafter:
 
     # -- sizing -------------------------------------------------------------------------------
 
-    def _size(self, candidates: list[_Candidate | None]) -> list[list[int]]:
+    def _size(self, candidates: list[Candidate | None]) -> list[list[int]]:
         if not candidates:
             return []
         lengths = np.array([len(c.tokens) if c else 0 for c in candidates])
@@ -624,7 +532,7 @@ class StructureDrafter:
         return {**self.accounting.stats(), "plan_version": self.plan.version,
                 "suffix_trees": self.trees is not None, "suffix_chosen": self.suffix_chosen,
                 "grammar_error": self.grammar_error, "delta": self.price - self.plan.d,
-                "delta_learned": self.plan.learn_delta and self.cost.learned}
+                "delta_learned": self.plan.learn_delta and self.cost.learned, "last_error": self.last_error}
 
     def reset_stats(self) -> None:
         self.accounting.reset()
@@ -648,33 +556,6 @@ def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str, parts:
     return out
 
 
-def _plen(st: _Row) -> int:
-    return len(st.pending.tokens) if st.pending is not None else 0
-
-
-def _restore(call: CallMatcher, dead: bool, complete: bool, fed: list[int]) -> None:
-    """Undo what drafting ahead did to a matcher: back to (a prefix of) the tokens it had consumed;
-    the next sync consumes the rest."""
-    common = 0
-    limit = min(len(fed), len(call.fed))
-    while common < limit and fed[common] == call.fed[common]:
-        common += 1
-    if len(call.fed) > common:
-        call.matcher.rollback(len(call.fed) - common)
-        del call.fed[common:]
-    call.dead, call.complete = dead, complete
-
-
-def _grammar_prefix(call: CallMatcher, content: str, more: str) -> str:
-    """The prefix of lookup text `more` the tool-call grammar allows after `content`; whitespace
-    before the JSON starts (a newline after the open marker) is allowed as the model may write it."""
-    call.forced_text(content)  # sync the matcher with the draft so far
-    lead = ""
-    if not content.strip():
-        lead = more[: len(more) - len(more.lstrip())]
-    return lead + call.valid_prefix(more[len(lead):])
-
-
 def _open_of(kind, seg_text: str) -> str | None:
     for marker in kind.open:
         if seg_text.startswith(marker):
@@ -689,47 +570,6 @@ def _close_of(kind, seg_text: str) -> str:
         if seg_text.startswith(marker):
             return close
     return kind.close[0]
-
-
-_LL_CACHE: dict[int, tuple] = {}
-
-
-def _ll_tokenizer(tokenizer):
-    """(llguidance tokenizer, per-token bytes) for an HF or llguidance tokenizer; cached (~1 s to build)."""
-    import llguidance
-
-    hit = _LL_CACHE.get(id(tokenizer))
-    if hit is not None and hit[0] is tokenizer:
-        return hit[1], hit[2]
-    if isinstance(tokenizer, llguidance.LLTokenizer):
-        ll = tokenizer
-    else:
-        import llguidance.hf
-
-        ll = llguidance.hf.from_tokenizer(tokenizer)
-    _LL_CACHE[id(tokenizer)] = (tokenizer, ll, TokenBytes(ll))
-    return ll, _LL_CACHE[id(tokenizer)][2]
-
-
-def _turn_markers(tokenizer) -> tuple[str, str]:
-    """The text a chat template puts before a model turn (``<|im_start|>assistant\\n``) and the text
-    that ends a turn (``<|im_end|>``)."""
-    fallback = (FALLBACK_TURN_START, FALLBACK_TURN_END)
-    apply = getattr(tokenizer, "apply_chat_template", None)
-    if apply is None or not getattr(tokenizer, "chat_template", None):
-        return fallback
-    mark = "\x07\x07"
-    try:
-        user = [{"role": "user", "content": "x"}]
-        with_prompt = apply(user, tokenize=False, add_generation_prompt=True)
-        without = apply(user, tokenize=False, add_generation_prompt=False)
-        answered = apply(user + [{"role": "assistant", "content": mark}], tokenize=False)
-    except Exception:
-        return fallback
-    if not (with_prompt.startswith(without) and len(with_prompt) > len(without)):
-        return fallback
-    after = answered.split(mark, 1)[1].strip() if mark in answered else ""
-    return with_prompt[len(without):], after or FALLBACK_TURN_END
 
 
 def _tool_call_grammar(registry) -> str:

@@ -92,6 +92,32 @@ class CallMatcher:
             good = text[:end]
         return good
 
+    def allowed_after(self, content: str, more: str) -> str:
+        """The prefix of lookup text `more` the grammar allows after `content`; whitespace before the
+        JSON starts (a newline after the open marker) is allowed as the model may write it."""
+        self.forced_text(content)  # sync the matcher with the draft so far
+        lead = ""
+        if not content.strip():
+            lead = more[: len(more) - len(more.lstrip())]
+        return lead + self.valid_prefix(more[len(lead):])
+
+    def save(self) -> tuple[bool, bool, list[int]]:
+        """The state `restore` comes back to after drafting ahead."""
+        return self.dead, self.complete, list(self.fed)
+
+    def restore(self, state: tuple[bool, bool, list[int]]) -> None:
+        """Undo what drafting ahead did: back to (a prefix of) the tokens consumed at `save`; the next
+        sync consumes the rest."""
+        dead, complete, fed = state
+        common = 0
+        limit = min(len(fed), len(self.fed))
+        while common < limit and fed[common] == self.fed[common]:
+            common += 1
+        if len(self.fed) > common:
+            self.matcher.rollback(len(self.fed) - common)
+            del self.fed[common:]
+        self.dead, self.complete = dead, complete
+
     def _sync(self, body: str) -> bool:
         toks = self.ll.tokenize_str(body)
         fed = self.fed

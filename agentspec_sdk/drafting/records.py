@@ -22,13 +22,16 @@ budget decision as it happens, which is how a server reports acceptance without 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentspec_sdk.law.estimators import OnlineAcceptance, RoundRecord
+from agentspec_sdk.law.estimators import OnlineAcceptance
+
+log = logging.getLogger("agentspec.drafting")
 
 DEFAULT_RECORDS_MAX_BYTES = 64 << 20
 
@@ -73,9 +76,6 @@ class DraftRound:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def law_record(self) -> RoundRecord:
-        return RoundRecord(self.law_class, self.source, self.drafted, self.accepted)
-
 
 @dataclass(slots=True)
 class PendingDraft:
@@ -117,11 +117,13 @@ class Accounting:
         self.withheld = 0  # candidate tokens the budget did not hand to vLLM
         self.gated = 0  # rows with a candidate that got no draft at all
         self._buffer: list[str] = []
+        self._write_failing = False  # the last write to the records file failed (warned once)
         self._totals: dict = defaultdict(lambda: [0, 0, 0])  # (class, source) -> rounds, drafted, accepted
         self.steps = 0
         self.rows_seen = 0
         self.proposer_s = 0.0
-        self.errors = 0
+        self.errors = 0  # rows that got no draft because drafting them failed (all rows of a failed step)
+        self.batch_errors = 0  # steps that failed as a whole: no row got a draft
         self.rebuilds = 0
         self.dropped = 0  # drafts whose row left the batch before they could be resolved
 
@@ -177,9 +179,20 @@ class Accounting:
         self._buffer.clear()
 
     def write(self, lines: list[str]) -> None:
-        """Append lines to the records file (rotated at `records_max_bytes`); nothing without one."""
-        if self.records_path is not None:
+        """Append lines to the records file (rotated at `records_max_bytes`); nothing without one. Lines
+        that cannot be written are lost with a warning (once until a write succeeds again): drafting
+        goes on without records."""
+        if self.records_path is None:
+            return
+        try:
             append_records(self.records_path, lines, self.records_max_bytes)
+        except OSError as exc:
+            if not self._write_failing:
+                log.warning("cannot write draft records to %s (%s); drafting goes on without them",
+                            self.records_path, exc)
+            self._write_failing = True
+        else:
+            self._write_failing = False
 
     def stats(self) -> dict:
         by_class: dict = {}
@@ -195,6 +208,7 @@ class Accounting:
             "steps": self.steps,
             "rows": self.rows_seen,
             "errors": self.errors,
+            "batch_errors": self.batch_errors,
             "rebuilds": self.rebuilds,
             "dropped": self.dropped,
             "proposer_s": self.proposer_s,
@@ -210,7 +224,7 @@ class Accounting:
         self.flush()
         self.records.clear()
         self._totals.clear()
-        self.steps = self.rows_seen = self.errors = self.rebuilds = self.dropped = 0
+        self.steps = self.rows_seen = self.errors = self.batch_errors = self.rebuilds = self.dropped = 0
         self.withheld = self.gated = 0
         self.proposer_s = 0.0
 

@@ -1,0 +1,139 @@
+"""The drafter's view of batch rows: what vLLM hands over per row (`RowInput`), the state kept per row
+between steps (`RowState`) and a row's candidate draft before sizing (`Candidate`).
+
+A `RowState` holds the row's decoded text, the segmenter over the model's turn, the lookup corpora
+(earlier segments of each kind, from the prompt's earlier model turns and from this turn), the
+tool-call matcher of the open segment and the draft awaiting resolution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from agentspec_sdk.drafting.fingerprint import RollingHash
+from agentspec_sdk.drafting.forced import CallMatcher
+from agentspec_sdk.drafting.lookup import SEPARATOR
+from agentspec_sdk.drafting.records import PendingDraft
+from agentspec_sdk.drafting.text import HistoryText
+from agentspec_sdk.structure.segmenter import Segmenter, segment
+
+if TYPE_CHECKING:
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+
+
+@dataclass(frozen=True, slots=True)
+class RowInput:
+    """One batch row: its whole history (prompt + output so far, including the tokens just sampled).
+
+    `num_tokens` limits the history to `token_ids[:num_tokens]` (vLLM's `num_tokens_no_spec`).
+    `draftable` is False for a row that sampled nothing this step (chunked prefill): it gets no draft.
+    `sampled` is how many tokens the row got in the step just run (vLLM's `sampled_token_ids`): the
+    draft verified in that step had `sampled - 1` tokens accepted; None where unknown.
+    """
+
+    token_ids: np.ndarray
+    num_tokens: int | None = None
+    draftable: bool = True
+    sampled: int | None = None
+
+    def history(self) -> np.ndarray:
+        ids = np.asarray(self.token_ids)
+        return ids if self.num_tokens is None else ids[: self.num_tokens]
+
+
+@dataclass(slots=True)
+class Candidate:
+    tokens: list[int]
+    sources: list[str]  # per token: forced | marker | repeat | lookup | suffix
+    kind: str
+    law_class: str
+    confidences: list[float] | None = None  # per token, given the ones before (suffix trees); None: learned
+
+    @property
+    def source(self) -> str:
+        return self.sources[0]
+
+
+class RowState:
+    """Cached state of one request's row."""
+
+    __slots__ = ("ids", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
+                 "call", "call_start", "pending", "trees", "tree_key")
+
+    def __init__(self, drafter: StructureDrafter, ids: np.ndarray):
+        self.ids = np.array(ids, dtype=np.int64)
+        self.n = len(self.ids)
+        self.trees = drafter.trees
+        self.tree_key = self.trees.start(self.ids) if self.trees is not None else -1
+        self.hash = RollingHash.of(self.ids)
+        self.text = HistoryText(drafter.token_bytes)
+        self.text.extend(self.ids.tolist())
+        full = self.text.text
+        at = full.rfind(drafter.turn_start)
+        self.turn_char = at + len(drafter.turn_start) if at >= 0 else 0
+        self.prompt_text = full[: self.turn_char]
+        self.fmt = drafter.pick_format(self.prompt_text)
+        self.corpora: dict[str, str] = {}
+        for turn in model_turns(self.prompt_text, drafter.turn_start, drafter.turn_end):
+            for span in segment(self.fmt, turn):
+                self._add_corpus(span.kind, turn[span.start:span.end])
+        self.seg = Segmenter(self.fmt)
+        self._feed(full[self.turn_char:])
+        self.call: CallMatcher | None = None
+        self.call_start = -1
+        self.pending: PendingDraft | None = None
+
+    def matches(self, ids: np.ndarray, max_growth: int) -> bool:
+        n = self.n
+        return n <= len(ids) <= n + max_growth and np.array_equal(ids[:n], self.ids[:n])
+
+    def advance(self, ids: np.ndarray) -> None:
+        new = ids[self.n:]
+        if not len(new):
+            return
+        self.ids = np.array(ids, dtype=np.int64)
+        self.n = len(ids)
+        new_list = new.tolist()
+        self.hash.extend(new_list)
+        if self.trees is not None:
+            self.trees.extend(self.tree_key, new)
+        self._feed(self.text.extend(new_list))
+
+    def _feed(self, chunk: str) -> None:
+        if not chunk:
+            return
+        turn = self.text.text
+        for span in self.seg.feed(chunk):
+            self._add_corpus(span.kind, turn[self.turn_char + span.start:self.turn_char + span.end])
+
+    def _add_corpus(self, kind: str, text: str) -> None:
+        if text:
+            self.corpora[kind] = self.corpora.get(kind, "") + text + SEPARATOR
+
+    def segment_text(self) -> str:
+        return self.text.text[self.turn_char + self.seg.current.start:]
+
+    @property
+    def pending_len(self) -> int:
+        return len(self.pending.tokens) if self.pending is not None else 0
+
+    def forget(self) -> None:
+        """The row left the batch: its prompt tree goes, its response stays in the global tree."""
+        if self.trees is not None:
+            self.trees.stop(self.tree_key)
+
+
+def model_turns(prompt: str, turn_start: str, turn_end: str) -> list[str]:
+    """Texts of the earlier model turns in a rendered prompt (between turn start and turn end)."""
+    turns = []
+    at = prompt.find(turn_start)
+    while at >= 0:
+        begin = at + len(turn_start)
+        end = prompt.find(turn_end, begin) if turn_end else -1
+        end = len(prompt) if end < 0 else end
+        turns.append(prompt[begin:end])
+        at = prompt.find(turn_start, end)
+    return turns

@@ -1,0 +1,49 @@
+"""The drafter's view of the target's tokenizer: the llguidance tokenizer with per-token bytes, and
+the text the chat template puts around a model turn."""
+
+from __future__ import annotations
+
+from agentspec_sdk.drafting.text import TokenBytes
+
+FALLBACK_TURN_START = "<|im_start|>assistant\n"
+FALLBACK_TURN_END = "<|im_end|>"
+
+_LL_CACHE: dict[int, tuple] = {}
+
+
+def ll_tokenizer(tokenizer):
+    """(llguidance tokenizer, per-token bytes) for an HF or llguidance tokenizer; cached (~1 s to build)."""
+    import llguidance
+
+    hit = _LL_CACHE.get(id(tokenizer))
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1], hit[2]
+    if isinstance(tokenizer, llguidance.LLTokenizer):
+        ll = tokenizer
+    else:
+        import llguidance.hf
+
+        ll = llguidance.hf.from_tokenizer(tokenizer)
+    _LL_CACHE[id(tokenizer)] = (tokenizer, ll, TokenBytes(ll))
+    return ll, _LL_CACHE[id(tokenizer)][2]
+
+
+def turn_markers(tokenizer) -> tuple[str, str]:
+    """The text a chat template puts before a model turn (``<|im_start|>assistant\\n``) and the text
+    that ends a turn (``<|im_end|>``)."""
+    fallback = (FALLBACK_TURN_START, FALLBACK_TURN_END)
+    apply = getattr(tokenizer, "apply_chat_template", None)
+    if apply is None or not getattr(tokenizer, "chat_template", None):
+        return fallback
+    mark = "\x07\x07"
+    try:
+        user = [{"role": "user", "content": "x"}]
+        with_prompt = apply(user, tokenize=False, add_generation_prompt=True)
+        without = apply(user, tokenize=False, add_generation_prompt=False)
+        answered = apply(user + [{"role": "assistant", "content": mark}], tokenize=False)
+    except Exception:
+        return fallback
+    if not (with_prompt.startswith(without) and len(with_prompt) > len(without)):
+        return fallback
+    after = answered.split(mark, 1)[1].strip() if mark in answered else ""
+    return with_prompt[len(without):], after or FALLBACK_TURN_END
