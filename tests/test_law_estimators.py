@@ -235,3 +235,39 @@ def test_fit_costs_without_a_drafter_cost_fits_delta_alone():
     assert fit.row_cost * fit.c_t == pytest.approx(0.002, rel=0.1)
     with pytest.raises(LawInputError, match="collinear"):
         fit_costs(t, rows + drafted, drafted, rows)  # d cannot be told from delta here
+
+
+def test_fit_turn_costs_recovers_ct_and_delta_from_per_turn_step_times():
+    from agentspec_sdk.law import fit_turn_costs
+
+    rng = np.random.default_rng(5)
+    k = rng.uniform(0.0, 6.0, 80)  # drafted tokens per step of each turn
+    fit = fit_turn_costs(k, 0.04 * (1 + 0.07 * k) + rng.normal(0, 1e-4, 80))
+    assert fit["c_t"] == pytest.approx(0.04, rel=0.01) and fit["delta"] == pytest.approx(0.07, rel=0.03)
+    assert fit["d"] == 0.0 and fit["turns"] == 80 and "least squares" in fit["method"]
+    # all turns at one draft size: delta is not identifiable and is set to 0, c_T is the mean step time
+    flat = fit_turn_costs([2.0] * 5, [0.1, 0.2, 0.3, 0.2, 0.2])
+    assert flat["delta"] == 0.0 and flat["c_t"] == pytest.approx(0.2) and "too few" in flat["method"]
+    assert fit_turn_costs([], [])["c_t"] is None
+    # a non-positive intercept falls back to the fastest turn's step time
+    neg = fit_turn_costs([1.0, 2.0, 3.0], [0.1, 0.3, 0.5])
+    assert neg["c_t"] == pytest.approx(0.1) and neg["delta"] == pytest.approx(2.0)
+    with pytest.raises(LawInputError, match="differ in length: 2 != 1"):
+        fit_turn_costs([1.0, 2.0], [0.1])
+
+
+def test_fit_step_price_keeps_every_term_nonnegative():
+    from agentspec_sdk.law import fit_step_price
+
+    rng = np.random.default_rng(6)
+    rows = rng.integers(1, 9, 200)
+    drafted = rng.integers(0, 9, 200) * rows
+    gaps = [{"s": 0.05 + 0.006 * n + 0.003 * k, "rows": int(n), "drafted": int(k)} for n, k in zip(rows, drafted, strict=True)]
+    price = fit_step_price(gaps)
+    assert price["a_s"] == pytest.approx(0.05) and price["b_s_per_row"] == pytest.approx(0.006)
+    assert price["c_s_per_token"] == pytest.approx(0.003) and price["dropped"] == [] and price["steps"] == 200
+    noisy = [dict(g, s=g["s"] - 0.01 * g["rows"]) for g in gaps]  # a per-row cost below zero is noise: dropped
+    assert fit_step_price(noisy)["b_s_per_row"] == 0.0 and fit_step_price(noisy)["dropped"] == ["b_s_per_row"]
+    assert fit_step_price(gaps[:29]) is None  # fewer than 30 gaps
+    collinear = [dict(g, drafted=4 * g["rows"]) for g in gaps]
+    assert fit_step_price(collinear) is None  # c cannot be told from b

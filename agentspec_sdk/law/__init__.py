@@ -1,5 +1,6 @@
-"""The Draft Law: closed forms, estimators and falsifier verdicts. numpy only (matplotlib lazily,
-in `agentspec_sdk.law.plots`; the CLI lives in `agentspec_sdk.law.cli`)."""
+"""The Draft Law: closed forms, estimators (acceptance and kappa in `estimators`, costs in `cost_fits`)
+and falsifier verdicts. numpy only (matplotlib lazily, in `agentspec_sdk.law.plots`; the CLI lives in
+`agentspec_sdk.law.cli`)."""
 
 from agentspec_sdk.law.closed_forms import (
     CLASSES,
@@ -40,22 +41,26 @@ from agentspec_sdk.law.closed_forms import (
     tau_vs_w_s,
     token_values,
 )
-from agentspec_sdk.law.estimators import (
+from agentspec_sdk.law.cost_fits import (
     PASS_TERM_TEXT,
     PASS_TERMS,
-    ClassAcceptance,
     CostFit,
-    KappaFit,
-    OnlineAcceptance,
     OnlineStepCost,
     PassCosts,
+    fit_costs,
+    fit_pass_costs,
+    fit_proposer,
+    fit_step_price,
+    fit_turn_costs,
+)
+from agentspec_sdk.law.estimators import (
+    ClassAcceptance,
+    KappaFit,
+    OnlineAcceptance,
     RoundRecord,
     acceptance_by_class,
     entropy_from_logprobs,
-    fit_costs,
     fit_kappa,
-    fit_pass_costs,
-    fit_proposer,
     rho_from_entropies,
     wilson_interval,
 )
@@ -84,5 +89,5 @@ __all__ = [
     "round_cost", "saving", "saving_at", "saving_vs_w_s", "schema_ceiling", "speedup",
     "speedup_curve", "tau", "tau_by_class", "tau_mixed", "tau_vs_w_s", "token_values", "extend_pays", "token_mismatches", "verdict_p1",
     "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdict_r5", "verdicts", "wilson_interval", "PassCosts", "PASS_TERMS", "PASS_TERM_TEXT", "SpeedupCheck", "fit_pass_costs", "fit_proposer",
-    "pass_cost_ratio",
+    "pass_cost_ratio", "fit_step_price", "fit_turn_costs",
 ]
