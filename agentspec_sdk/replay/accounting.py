@@ -20,9 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from agentspec_sdk import law
 from agentspec_sdk.backends.server import STOCK
+from agentspec_sdk.law.cost_fits import STEP_PRICE_MIN_STEPS
+from agentspec_sdk.replay.passes import passes_from_steps
 
-MIN_STEPS = 30
+MIN_STEPS = STEP_PRICE_MIN_STEPS
 
 
 def turn_passes(output_tokens: int, accepted: int) -> int:
@@ -40,53 +43,13 @@ def oracle_passes(output_tokens: int, gamma: int) -> tuple[int, int]:
 
 
 def verify_price(steps_by_run: Mapping[Any, list[Mapping]], min_steps: int = MIN_STEPS) -> dict | None:
-    """Seconds of a step = a + b·rows + c·drafted (every term ≥ 0), fitted over the gaps between
-    consecutive proposer steps — the target pass that verified the first step's drafts. Gaps over 3×
-    a run's median (every agent waiting on a tool, long prefills) are dropped. The price of a drafted
-    token per row of an n-row step is δ(n) = c·n / (a + b·n) (`price_at`). None when too few steps."""
-    rows_, drafted_, secs = [], [], []
-    for steps in steps_by_run.values():
-        ordered = sorted(steps, key=lambda s: s["t"])
-        gaps = [(b["t"] - a["t"], a["rows"], a["drafted"]) for a, b in zip(ordered, ordered[1:], strict=False)
-                if a["rows"] > 0 and b["t"] > a["t"]]
-        if not gaps:
-            continue
-        cut = 3.0 * float(np.median([g[0] for g in gaps]))
-        for gap, n, k in gaps:
-            if gap <= cut:
-                secs.append(gap)
-                rows_.append(n)
-                drafted_.append(k)
-    if len(secs) < min_steps:
-        return None
-    y = np.asarray(secs)
-    cols = {"a_s": np.ones_like(y), "b_s_per_row": np.asarray(rows_, float), "c_s_per_token": np.asarray(drafted_, float)}
-    coef = _nonnegative_fit(y, cols)
-    if coef is None or coef["a_s"] + coef["b_s_per_row"] <= 0:
-        return None
-    resid = y - sum(coef[k] * v for k, v in cols.items())
-    total = float(((y - y.mean()) ** 2).sum())
-    return {**coef, "steps": len(y), "r2": 1.0 - float(resid @ resid) / total if total > 0 else 1.0,
-            "dropped": sorted(k for k, v in coef.items() if v == 0.0),
-            "method": "step log: seconds = a + b·rows + c·drafted, least squares with every term ≥ 0 "
-                      "(a negative term is dropped and the rest refitted); δ(n) = c·n / (a + b·n)"}
-
-
-def _nonnegative_fit(y: np.ndarray, cols: Mapping[str, np.ndarray]) -> dict | None:
-    """Least squares, dropping the most negative coefficient until none is negative (a per-row or
-    per-token cost below zero is noise from other work on the machine, not a property of the pass)."""
-    keep = [k for k, v in cols.items() if np.ptp(v) > 0 or k == "a_s"]
-    while keep:
-        X = np.stack([cols[k] for k in keep], axis=1)
-        if np.linalg.matrix_rank(X) < X.shape[1]:
-            return None
-        beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-        if (beta >= 0).all():
-            out = dict.fromkeys(cols, 0.0)
-            out.update({k: float(b) for k, b in zip(keep, beta, strict=True)})
-            return out
-        keep.pop(int(np.argmin(beta)))
-    return None
+    """Seconds of a step = a + b·rows + c·drafted (every term ≥ 0, `law.fit_step_price`), fitted over
+    the gaps between consecutive proposer steps — the target pass that verified the first step's
+    drafts (`passes.passes_from_steps`: gaps over 3× a run's median, every agent waiting on a tool or
+    a long prefill, are dropped). The price of a drafted token per row of an n-row step is
+    δ(n) = c·n / (a + b·n) (`price_at`). None when too few steps."""
+    gaps = [g for steps in steps_by_run.values() for g in passes_from_steps(steps)]
+    return law.fit_step_price(gaps, min_steps)
 
 
 def price_at(price: Mapping, rows: float) -> float:

@@ -1,0 +1,76 @@
+"""The pass table of a run: the engine's passes (`Engine.pass_log`) joined with the structure
+proposer's steps (`Engine.step_log`), or, without a pass log, the gaps between proposer steps; and the
+mean pass a decoding row sees. Feeds the pass cost model (`law.fit_pass_costs`) and the step price
+(`accounting.verify_price`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx", "grammar")
+
+
+def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list[dict]:
+    """The engine's passes (`Engine.pass_log`) joined with the structure proposer's steps
+    (`Engine.step_log`): the proposer runs inside pass j (its step began during it: `proposer_s` of
+    pass j) and the drafts it made there are verified in pass j + 1 (`drafted`, `drafted_ctx`,
+    `drafted_s` of pass j + 1)."""
+    table = sorted((dict(p) for p in passes), key=lambda p: p["t"])
+    ordered = sorted(steps, key=lambda s: s["t"])
+    i, made = 0, None
+    for p in table:
+        for k in ("drafted", "drafted_ctx", "drafted_s", "proposer_s", "made"):
+            p[k] = 0
+        if made is not None:
+            p.update(drafted=made.get("drafted", 0), drafted_ctx=made.get("drafted_ctx", 0),
+                     drafted_s=made.get("drafted_s", 0))
+        made = None
+        while i < len(ordered) and ordered[i]["t"] < p["t"]:
+            i += 1
+        if i < len(ordered) and ordered[i]["t"] <= p["t"] + p["s"]:
+            made = ordered[i]
+            p["proposer_s"], p["made"] = float(made.get("proposer_s", 0.0)), made.get("drafted", 0)
+            i += 1
+    # the engine loop's own work until the next pass (outputs, finished turns, admissions) is time the
+    # rows still decoding wait too; before a pass of new rows only, the engine may have been idle
+    for p, nxt in zip(table, table[1:], strict=False):
+        busy = nxt.get("rows", 0) - nxt.get("new", 0) > 0
+        p["loop_s"] = max(nxt["t"] - (p["t"] + p["s"]), 0.0) if busy and "new" in nxt else 0.0
+    if table:
+        table[-1]["loop_s"] = 0.0
+    return table
+
+
+def pass_cycle(p: Mapping) -> dict:
+    """A pass with its seconds up to the next pass (the pass + the engine loop's work after it)."""
+    return dict(p, s=p["s"] + p.get("loop_s", 0.0))
+
+
+def passes_from_steps(steps: Iterable[Mapping]) -> list[dict]:
+    """Without an engine pass log: the gap between two consecutive proposer steps is the pass that
+    verified the first step's drafts (the proposer's own time is inside it). Gaps over 3x the median
+    are dropped (idle time while every agent waits on a tool)."""
+    ordered = sorted(steps, key=lambda s: s["t"])
+    gaps = [dict({k: a.get(k, 0) for k in COST_KEYS}, s=b["t"] - a["t"])
+            for a, b in zip(ordered, ordered[1:], strict=False) if a["rows"] > 0 and b["t"] > a["t"]]
+    if not gaps:
+        return []
+    cut = 3.0 * float(np.median([g["s"] for g in gaps]))
+    return [g for g in gaps if g["s"] <= cut]
+
+
+def mean_pass(table: Iterable[Mapping]) -> dict | None:
+    """The pass a decoding row sees on average (each pass weighted by its rows that were already
+    decoding, as per-sequence decode time counts it: a request's own first-token pass is its prefill,
+    `new` in the pass log): mean rows, drafted, ..., seconds; `row_passes` = those rows summed."""
+    table = [p for p in table if p.get("rows", 0) - p.get("new", 0) > 0]
+    if not table:
+        return None
+    w = np.array([p["rows"] - p.get("new", 0) for p in table], dtype=float)
+    out = {k: float(np.average([float(p.get(k, 0) or 0) for p in table], weights=w))
+           for k in (*COST_KEYS, "s", "proposer_s", "loop_s")}
+    out["s"] += out["loop_s"]  # what a decoding row waits per pass: the pass and the loop after it
+    out["passes"], out["row_passes"] = len(table), int(w.sum())
+    return out
