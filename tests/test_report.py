@@ -379,3 +379,17 @@ def test_interrupted_run_leaves_valid_partial_report(tmp_path, fake_requests):
     assert all(e.closed for e in engines)
     assert "PARTIAL" in (tmp_path / "report.md").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_report_keeps_its_names_and_one_class_tuple():
+    from agentspec_sdk.replay import aggregate, passes, predict, render, report
+
+    assert report.CLASSES is law.CLASSES == ("S", "R", "F")
+    assert report.summarize is aggregate.summarize and report.pass_table is passes.pass_table
+    assert report.fit_law is predict.fit_law and report.markdown is render.markdown
+    # the per-turn fallback fit is the law's (no fit of its own in the report)
+    spec = [log(decode_s=1.0, records=[rec("S", 4, 2)]), log(decode_s=1.6, records=[rec("S", 4, 2)] * 2)]
+    fit = predict.fit_costs_from_turns({"off": [log(decode_s=0.8)], "structure": spec})
+    # 10 tokens per turn: steps 10, 8, 6; drafted per step 0, 4/8, 8/6
+    assert fit == law.fit_turn_costs([0.0, 0.5, 8 / 6], [0.08, 1.0 / 8, 1.6 / 6])
+    assert fit["turns"] == 3 and "least squares" in fit["method"]
