@@ -462,6 +462,9 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
     scrape = threading.Thread(target=scraper, daemon=True)
     scrape.start()
     deadline = time.monotonic() + 420
+    from agentspec_sdk.backends.prom_metrics import subtract
+
+    before, responses = _scrape(proc.base_url), []
     with RemoteEngine(proc.base_url, tools=TOOLS) as eng, ThreadPoolExecutor(4) as pool:
         for w in range(waves):
             started = time.monotonic()
@@ -469,6 +472,7 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
                                 request_id=f"soak/{w}/{i}") for i, c in enumerate(cities[:per_wave])]
             done = list(pool.map(lambda r: eng.submit(r).result(), reqs))
             assert all(r.error is None for r in done), [r.error for r in done]
+            responses += done
             walls.append(time.monotonic() - started)
             rss.append(_group_rss_kb(proc.proc.pid))
             sizes.append((records.stat().st_size, rotated_path(records).stat().st_size
@@ -476,6 +480,13 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
             assert time.monotonic() < deadline, "soak ran past its time bound"
     stop.set()
     scrape.join(timeout=15)
+    # at scale too, the settled per-class counters equal what vLLM verified for the same responses
+    after = _scrape(proc.base_url)
+    settled = sum(_class_totals(subtract(after["ours"], before["ours"]), "accepted").values())
+    verified = sum(r.spec["num_accepted_draft_tokens"] for r in responses)
+    print(f"soak: metrics accepted {settled}, responses accepted {verified}, vLLM counter "
+          f"{after['vllm']['num_accepted_tokens'] - before['vllm']['num_accepted_tokens']:.0f}")
+    assert settled == verified
     if os.environ.get("AGENTSPEC_SCRAPE_SERIES"):
         with open(os.environ["AGENTSPEC_SCRAPE_SERIES"], "w") as fh:
             json.dump(series, fh)
