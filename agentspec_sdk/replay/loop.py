@@ -14,10 +14,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentspec_sdk.replay.trace import Episode, Turn
 from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:
+    from agentspec_sdk.backends.contract import AgentEngine
 
 TURN_TIMEOUT_S = 900.0  # a turn the engine never answers fails the run instead of hanging it
 CODE_TOOL = "python"  # a code agent's code block is a call of this tool with arguments {"code": …}
@@ -192,12 +195,12 @@ _GRAMMARS = GrammarCache()
 
 
 def make_request(**fields: Any) -> Any:
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
 
     return TurnRequest(**fields)
 
 
-def run_episode(engine: Any, episode: Episode, observe: Observer, *, classifier: TokenClassifier,
+def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, classifier: TokenClassifier,
                 max_tokens: int, max_steps: Callable[[int], int], max_segments: int | None = None,
                 latency_scale: float = 1.0, sleep: bool = True, on_turn: Callable[[TurnLog], None] | None = None,
                 temperature: float = 0.0, grammar: str | None = None,

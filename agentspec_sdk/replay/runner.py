@@ -9,13 +9,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentspec_sdk.errors import BackendError
 from agentspec_sdk.replay.arms import PROSE, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.replayer import replay
 from agentspec_sdk.replay.report import build_report, summarize, write_report
+
+if TYPE_CHECKING:
+    from agentspec_sdk.backends.contract import AgentEngine
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,9 @@ def build_engine(plan: Plan, cfg: EngineConfig):
                   enforce_eager=plan.enforce_eager, in_process=True, **engine_kwargs(cfg.mode, cfg.gamma))
 
 
-def _warm_up(engine: Any) -> None:
+def _warm_up(engine: AgentEngine) -> None:
     """One short request before anything is timed (first-step costs of a fresh engine)."""
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.errors import BackendError
 
     (res,) = engine.generate([TurnRequest(messages=[{"role": "user", "content": "Hello"}], fmt="tool_calls",
@@ -88,7 +91,7 @@ def _warm_up(engine: Any) -> None:
         raise BackendError(f"engine warm-up request failed: {res.error}")
 
 
-def measure_config(plan: Plan, cfg: EngineConfig, engine: Any, tokenizer: Any,
+def measure_config(plan: Plan, cfg: EngineConfig, engine: AgentEngine, tokenizer: Any,
                    emit: Callable[[tuple], None], t0: float) -> None:
     """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
     `emit` receives ("started", seconds to a warm engine), ("status", text), ("turn", TurnLog) and

@@ -12,7 +12,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -22,6 +22,9 @@ from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from agentspec_langgraph import _sdk
+
+if TYPE_CHECKING:
+    from agentspec_sdk import AgentEngine
 from agentspec_langgraph._sdk import AgentSpecError
 from agentspec_langgraph.messages import (
     RAW_TEXT_KEY,
@@ -64,7 +67,7 @@ class ChatAgentSpec(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    engine: Any = Field(exclude=True)
+    engine: Any = Field(exclude=True)  # an AgentEngine; not validated (partial engines serve too)
     fmt: str = "tool_calls"
     max_tokens: int = 256
     temperature: float = 0.0
@@ -405,7 +408,7 @@ class _ContentStreamer:
         return body
 
 
-async def _events(engine: Any, request: Any) -> AsyncIterator[Any]:
+async def _events(engine: AgentEngine, request: Any) -> AsyncIterator[Any]:
     """The engine's async stream when it has one, else its sync stream stepped on a worker thread."""
     astream = getattr(engine, "astream", None)
     if astream is not None:

@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import langchain.agents
 import langgraph.prebuilt
@@ -43,6 +43,9 @@ from agentspec_langgraph import _sdk
 from agentspec_langgraph._sdk import AgentSpecError
 from agentspec_langgraph.chat_model import ChatAgentSpec
 from agentspec_langgraph.middleware import AgentSpecMiddleware
+
+if TYPE_CHECKING:
+    from agentspec_sdk import AgentEngine
 from agentspec_langgraph.records import TurnRecord
 from agentspec_langgraph.tools import registry_from_tools
 
@@ -63,7 +66,7 @@ class AgentSpecBinding:
     tools: list[str] = field(default_factory=list)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> AgentEngine:
         return self.model.engine
 
     @property
@@ -77,7 +80,7 @@ class AgentSpecBinding:
 def agentspec(
     fn: Callable[..., Any] | None = None,
     *,
-    engine: Any = None,
+    engine: AgentEngine | None = None,
     model: ChatAgentSpec | None = None,
     fmt: str = "tool_calls",
     max_tokens: int = 256,
