@@ -21,7 +21,8 @@ def main() -> None:
     args = ap.parse_args()
     for p in tool_call_prompts(args.n, tuple(args.categories.split(","))):
         if args.json:
-            print(json.dumps({"id": p.id, "messages": p.messages, "tools": p.tools, "ground_truth": p.ground_truth}))
+            print(json.dumps({"id": p.id, "messages": p.messages, "tools": p.tools,
+                              "ground_truth": p.ground_truth}))
         else:
             print(f"{p.id:28s} tools={len(p.tools)}  {p.messages[-1]['content'][:90]!r}")
 

@@ -79,7 +79,8 @@ class Layer:
         b, q, _ = x.shape
         h = F.rms_norm(x, (s.hidden,))
         qkv = h @ self.qkv.T
-        qh, kh, vh = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
+        qh, kh, vh = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim],
+                               dim=-1)
         qh = qh.view(b, q, s.heads, s.head_dim).transpose(1, 2)
         kh = torch.cat([self.k_cache, kh.view(b, q, s.kv_heads, s.head_dim).transpose(1, 2)], dim=2)
         vh = torch.cat([self.v_cache, vh.view(b, q, s.kv_heads, s.head_dim).transpose(1, 2)], dim=2)
@@ -96,7 +97,8 @@ class Layer:
 
 
 class Model:
-    def __init__(self, s: Shape, batch: int, ctx: int, distinct: int, device: str, dtype: torch.dtype, seed: int):
+    def __init__(self, s: Shape, batch: int, ctx: int, distinct: int, device: str, dtype: torch.dtype,
+                 seed: int):
         gen = torch.Generator(device=device).manual_seed(seed)
         self.s = s
         self.layers = [Layer(s, batch, ctx, device, dtype, gen) for _ in range(min(distinct, s.layers))]
@@ -142,8 +144,8 @@ def measure(target: Shape, drafter: Shape, *, batches, gamma: int, ctx: int, dis
         del dft
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        out.append({"batch": b, "gamma": gamma, "ctx": ctx, "c_t_s": c_t, "verify_s": verify, "draft_s": draft,
-                    "delta": max((verify - c_t) / (gamma * c_t), 0.0), "d": draft / c_t})
+        out.append({"batch": b, "gamma": gamma, "ctx": ctx, "c_t_s": c_t, "verify_s": verify,
+                    "draft_s": draft, "delta": max((verify - c_t) / (gamma * c_t), 0.0), "d": draft / c_t})
     return out
 
 
@@ -155,25 +157,30 @@ def predictions(costs: list[dict], kappa: float, rho: dict, w: dict, gamma_max: 
         params = law.LawParams(kappa, c["delta"], c["d"])
         rep = law.evaluate(params, mix, c["gamma"], gamma_max).to_dict()
         best = law.best_gamma(params, mix, gamma_max)
-        out.append({"batch": c["batch"], "gamma": c["gamma"], "delta": c["delta"], "d": c["d"], "tau": rep["tau"],
-                    "saving": rep["saving"], "speedup": rep["speedup"], "gamma_opt": best.gamma,
+        out.append({"batch": c["batch"], "gamma": c["gamma"], "delta": c["delta"], "d": c["d"],
+                    "tau": rep["tau"], "saving": rep["saving"], "speedup": rep["speedup"],
+                    "gamma_opt": best.gamma,
                     "speedup_at_gamma_opt": best.speedup, "w_s_star_approx": rep["w_s_star_approx"],
                     "w_s_star_approx_reason": rep["w_s_star_approx_reason"],
-                    "w_s_star_exact": rep["w_s_star_exact"], "w_s_star_exact_reason": rep["w_s_star_exact_reason"]})
+                    "w_s_star_exact": rep["w_s_star_exact"],
+                    "w_s_star_exact_reason": rep["w_s_star_exact_reason"]})
     return out
 
 
 def markdown(result: dict) -> str:
     lines = [f"Measured with `benchmarks/gpu_costs.py` on {result['device_name']} ({result['dtype']}, random "
-             f"weights of {result['target']['name']} / {result['drafter']['name']}, {result['ctx']} context tokens "
-             f"per row, γ = {result['gamma']}); law at κ = {result['kappa']}, ρ = {result['rho']}, w = {result['w']}:",
-             "", "| b | c_T ms | verify ms (γ+1 tokens) | drafter ms | δ | d | τ | s | speedup | best γ | w_S* approx | w_S* exact |",
+             f"weights of {result['target']['name']} / {result['drafter']['name']}, {result['ctx']} context "
+             f"tokens per row, γ = {result['gamma']}); law at κ = {result['kappa']}, ρ = {result['rho']}, "
+             f"w = {result['w']}:",
+             "", "| b | c_T ms | verify ms (γ+1 tokens) | drafter ms | δ | d | τ | s | speedup | best γ "
+                 "| w_S* approx | w_S* exact |",
              "|" + "---|" * 12]
     for c, p in zip(result["costs"], result["predictions"], strict=True):
         approx = f"{p['w_s_star_approx']:.3f}" if p["w_s_star_approx"] is not None else "none"
         exact = f"{p['w_s_star_exact']:.3f}" if p["w_s_star_exact"] is not None else "none"
-        lines.append(f"| {c['batch']} | {1000 * c['c_t_s']:.2f} | {1000 * c['verify_s']:.2f} | {1000 * c['draft_s']:.2f} "
-                     f"| {c['delta']:.4f} | {c['d']:.3f} | {p['tau']:.2f} | {p['saving']:.3f} | {p['speedup']:.2f}× "
+        lines.append(f"| {c['batch']} | {1000 * c['c_t_s']:.2f} | {1000 * c['verify_s']:.2f} "
+                     f"| {1000 * c['draft_s']:.2f} | {c['delta']:.4f} | {c['d']:.3f} | {p['tau']:.2f} "
+                     f"| {p['saving']:.3f} | {p['speedup']:.2f}× "
                      f"| {p['gamma_opt']} ({p['speedup_at_gamma_opt']:.2f}×) | {approx} | {exact} |")
     return "\n".join(lines) + "\n"
 
@@ -194,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None, help="JSON file")
     ap.add_argument("--markdown", type=Path, default=None, help="Markdown section for docs/law.md")
     args = ap.parse_args(argv)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda")
+                                                           else torch.float32)
     target, drafter = (TINY_TARGET, TINY_DRAFTER) if args.tiny else (TARGET, DRAFTER)
     rho = dict(zip("SRF", (float(x) for x in args.rho.split(",")), strict=True))
     w = dict(zip("SRF", (float(x) for x in args.w.split(",")), strict=True))
@@ -204,8 +212,9 @@ def main(argv: list[str] | None = None) -> dict:
                     device=args.device, dtype=dtype, reps=args.reps)
     result = {"device": args.device,
               "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU",
-              "dtype": str(dtype).removeprefix("torch."), "target": asdict(target), "drafter": asdict(drafter),
-              "gamma": args.gamma, "ctx": args.ctx, "distinct_layers": args.layers, "kappa": args.kappa,
+              "dtype": str(dtype).removeprefix("torch."), "target": asdict(target),
+              "drafter": asdict(drafter), "gamma": args.gamma, "ctx": args.ctx,
+              "distinct_layers": args.layers, "kappa": args.kappa,
               "rho": rho, "w": w, "costs": costs, "predictions": predictions(costs, args.kappa, rho, w),
               "seconds": time.perf_counter() - t0}
     if not all(math.isfinite(c["c_t_s"]) and c["c_t_s"] > 0 for c in costs):

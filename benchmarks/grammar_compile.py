@@ -41,8 +41,10 @@ def tool_call_grammars(tools: list[dict], closed: bool = True) -> tuple[str, str
     for i, tool in enumerate(tools):
         rules = schema_rules(tool["parameters"], f"t{i}", closed=closed)
         name = json.dumps(canonical_literal(tool["name"]))
-        lark_rules.append(f't{i}_call: "{{" "\\"name\\":" {name} "," "\\"arguments\\":" {rules.root} "}}"\n{rules.lark}')
-        gbnf_rules.append(f't{i}_call ::= "{{" "\\"name\\":" {name} "," "\\"arguments\\":" {rules.root} "}}"\n{rules.gbnf}')
+        lark_rules.append(f't{i}_call: "{{" "\\"name\\":" {name} "," "\\"arguments\\":" {rules.root} "}}"\n'
+                          f'{rules.lark}')
+        gbnf_rules.append(f't{i}_call ::= "{{" "\\"name\\":" {name} "," "\\"arguments\\":" '
+                          f'{rules.root} "}}"\n{rules.gbnf}')
         lark_calls.append(f"t{i}_call")
         gbnf_calls.append(f"t{i}_call")
     lark = "start: " + " | ".join(lark_calls) + "\n" + "".join(lark_rules)
@@ -51,10 +53,12 @@ def tool_call_grammars(tools: list[dict], closed: bool = True) -> tuple[str, str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--tools", type=int, default=20)
-    parser.add_argument("--open", action="store_true", help="admit undeclared argument keys (JSON Schema's default)")
+    parser.add_argument("--open", action="store_true",
+                        help="admit undeclared argument keys (JSON Schema's default)")
     args = parser.parse_args()
 
     import llguidance
@@ -94,13 +98,16 @@ def main() -> None:
 
     med = statistics.median
     print(f"objects {'open (extra keys allowed)' if args.open else 'closed (no undeclared argument keys)'}")
-    print(f"{len(tools)} BFCL tools, Lark {len(lark_text)} chars, EBNF {len(gbnf_text)} chars, {args.runs} runs (median)")
+    print(f"{len(tools)} BFCL tools, Lark {len(lark_text)} chars, EBNF {len(gbnf_text)} chars, "
+          f"{args.runs} runs (median)")
     print(f"  schemas -> grammar text (python):         {med(compile_ms):7.1f} ms")
     print(f"  llguidance: grammar -> first mask:         {med(llg_ms):7.1f} ms")
     print(f"  xgrammar:   grammar -> first mask:         {med(xgr_ms):7.1f} ms")
     total = med([a + b for a, b in zip(compile_ms, llg_ms, strict=True)])
-    print(f"  schemas -> first mask, llguidance total:   {total:7.1f} ms  (goal <= 50 ms: {'met' if total <= 50 else 'MISSED'})")
-    print(f"  schemas -> first mask, xgrammar total:     {med([a + b for a, b in zip(compile_ms, xgr_ms, strict=True)]):7.1f} ms")
+    print(f"  schemas -> first mask, llguidance total:   {total:7.1f} ms  "
+          f"(goal <= 50 ms: {'met' if total <= 50 else 'MISSED'})")
+    print(f"  schemas -> first mask, xgrammar total:     "
+          f"{med([a + b for a, b in zip(compile_ms, xgr_ms, strict=True)]):7.1f} ms")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ by the bench's step-log fit on 2 CPU cores, 3.2 ms per drafted token against 73 
 per row), whose ratio to `off` predicts the decode speedup; `÷stock` is the best stock drafter's
 (ngram, suffix) cost divided by the row's (> 1: cheaper than what vLLM ships).
 
-    flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture turns.json [--traces FILE]
-    python benchmarks/offline_drafting.py turns.json [--gammas 8,16] [--delta 0.2] [--ideas] [--json]
+  flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture turns.json [--traces FILE]
+  python benchmarks/offline_drafting.py turns.json [--gammas 8,16] [--delta 0.2] [--ideas] [--json]
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
     submit = engine.submit
 
     def recording_submit(req):
-        grammar = req.grammar if req.grammar is not None else engine.grammar_for(req.fmt, req.tools, req.tool_choice)
+        grammar = (req.grammar if req.grammar is not None
+                   else engine.grammar_for(req.fmt, req.tools, req.tool_choice))
         if grammar not in grammars:
             grammars.append(grammar)
         index = grammars.index(grammar)
@@ -69,7 +70,8 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
     finally:
         engine.close()
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"traces": str(traces or "bundled"), "tools": tools, "grammars": grammars, "turns": turns}, fh)
+        json.dump({"traces": str(traces or "bundled"), "tools": tools, "grammars": grammars, "turns": turns},
+                  fh)
     print(f"{len(turns)} turns, {sum(len(t['out']) for t in turns)} output tokens -> {path}")
 
 
@@ -100,7 +102,8 @@ class SuffixDrafter:
                  cut: float = 0.0):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth,
+                                         max_cached_requests=max_cached_requests)
         self.gamma, self.depth, self.max_model_len = gamma, max_tree_depth, max_model_len
         self.factor, self.min_prob, self.cut = max_spec_factor, min_token_prob, cut
         self.probs: dict = {}  # row key -> the tree's probability estimate of each token of its last draft
@@ -118,7 +121,8 @@ class SuffixDrafter:
                     self.cache.evict_cached_response(key)
                 self.cache.start_request(key, np.ascontiguousarray(history[:prompt_len], dtype=np.int32))
             self.cache.add_active_response(key, [int(t) for t in new])
-            pattern = np.ascontiguousarray(history[max(0, num_tokens - self.depth):num_tokens], dtype=np.int32)
+            pattern = np.ascontiguousarray(history[max(0, num_tokens - self.depth):num_tokens],
+                                           dtype=np.int32)
             draft = self.cache.speculate(key, pattern,
                                          max_spec_tokens=min(self.gamma, self.max_model_len - num_tokens - 1),
                                          max_spec_factor=self.factor, min_token_prob=self.min_prob)
@@ -246,7 +250,8 @@ class ExpectedGain:
         self.structure, self.suffix, self.delta = structure, suffix, delta
         self.counts: dict = {}  # law class -> [accepted, rejected] judged structure tokens
 
-    def __call__(self, drafts: list[list[int]], truth: list[int], key=None, index: int = 0) -> tuple[int, int]:
+    def __call__(self, drafts: list[list[int]], truth: list[int], key=None,
+                 index: int = 0) -> tuple[int, int]:
         st, sx = drafts
         cls = self.structure.classes[index] if index < len(self.structure.classes) else None
         hits, misses = self.counts.get(cls, (1, 1))
@@ -432,15 +437,19 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
 
 IDEAS = {
     # where suffix decoding's knowledge comes from
-    "suffix-own": "suffix without a global tree: the request's own prompt (tool docs, observations) and response",
-    "suffix-finished": "suffix whose global tree holds finished responses only: no lookup across the batch's rows",
-    "suffix-by-tools": "suffix with one global tree per system prompt (tool set): values recur among same-tool requests",
+    "suffix-own": "suffix without a global tree: the request's own prompt (tool docs, observations) "
+                  "and response",
+    "suffix-finished": "suffix whose global tree holds finished responses only: no lookup across the "
+                       "batch's rows",
+    "suffix-by-tools": "suffix with one global tree per system prompt (tool set): values recur among "
+                       "same-tool requests",
     # confidence-sized drafts: a token is worth sending when P(accepted) > delta (its verify cost in passes)
     "suffix-conf": "suffix drafts cut where the tree's probability estimate falls below delta",
-    "suffix-f2": "suffix allowed twice the matched length (vLLM's suffix_decoding_max_spec_factor 2 instead of 1)",
+    "suffix-f2": "suffix allowed twice the matched length (vLLM's suffix_decoding_max_spec_factor 2 "
+                 "instead of 1)",
     "union-conf": "per step the longer of structure-plain / confidence-cut suffix",
-    "union-ev": "per step the structure-plain or suffix draft, and its length, with the larger expected saving "
-                "(ExpectedGain), or none",
+    "union-ev": "per step the structure-plain or suffix draft, and its length, with the larger expected "
+                "saving (ExpectedGain), or none",
 }
 
 
@@ -462,7 +471,8 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     if ideas:
         rows["suffix-own"] = simulate(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
         rows["suffix-finished"] = simulate(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
-        rows["suffix-by-tools"] = simulate(turns, SuffixTrees(gamma, key=system_prompt_key()), batch, trim=trim())
+        rows["suffix-by-tools"] = simulate(turns, SuffixTrees(gamma, key=system_prompt_key()), batch,
+                                           trim=trim())
         rows["suffix-conf"] = simulate(turns, SuffixDrafter(gamma, cut=delta), batch, trim=trim())
         rows["suffix-f2"] = simulate(turns, SuffixDrafter(gamma, max_spec_factor=2.0), batch, trim=trim())
         rows["union-conf"] = simulate(turns, (plain(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
@@ -503,17 +513,19 @@ def main() -> None:
     label_turns(turns)
     tokens = sum(len(t["out"]) - 1 for t in turns)
     gammas = [args.gamma] if args.gamma else [int(g) for g in args.gammas.split(",") if g.strip()]
-    result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta, args.ideas)
+    result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta,
+                         args.ideas)
               for g in gammas}
     if args.json:
-        print(json.dumps({"turns_file": args.turns, "traces": data.get("traces", "bundled"), "turns": len(turns),
-                          "tokens": tokens, "batch": args.batch, "delta": args.delta,
+        print(json.dumps({"turns_file": args.turns, "traces": data.get("traces", "bundled"),
+                          "turns": len(turns), "tokens": tokens, "batch": args.batch, "delta": args.delta,
                           "gammas": {str(g): rows for g, rows in result.items()}}, indent=1))
         return
     for g, rows in result.items():
         print(f"{data.get('traces', 'bundled')}: {len(turns)} turns, {tokens} output tokens after the first, "
               f"b={args.batch}, γ={g}, delta={args.delta}")
-        print(f"{'drafter':<16} {'passes':>7} {'drafted':>8} {'accepted':>9} {'cost':>7} {'× off':>6} {'÷stock':>7}")
+        print(f"{'drafter':<16} {'passes':>7} {'drafted':>8} {'accepted':>9} {'cost':>7} {'× off':>6} "
+              f"{'÷stock':>7}")
         for name, r in rows.items():
             print(f"{name:<16} {r['passes']:>7} {r['drafted']:>8} {r['accepted']:>9} {r['cost']:>7.0f} "
                   f"{r['predicted_speedup']:>6.2f} {r['vs_best_stock']:>7.2f}")
@@ -521,8 +533,8 @@ def main() -> None:
         for name, r in rows.items():
             if r.get("by_class") and r["drafted"]:
                 print(f"  {name:<16} " + "  ".join(
-                    f"{c} {v['drafted']}/{v['accepted']} ({v['accepted'] / v['drafted']:.0%})" if v["drafted"] else
-                    f"{c} 0/0" for c, v in r["by_class"].items()))
+                    f"{c} {v['drafted']}/{v['accepted']} ({v['accepted'] / v['drafted']:.0%})"
+                    if v["drafted"] else f"{c} 0/0" for c, v in r["by_class"].items()))
         print()
 
 

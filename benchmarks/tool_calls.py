@@ -141,8 +141,8 @@ def main() -> int:
                 row["identical_to_off"] = sum(outputs[k] == reference.get(k) for k in keys)
         rows += got
     price = add_costs(rows)
-    report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "engine": ENGINE_KWARGS, "results": rows,
-              "verify_price": price, "ratios": ratios(rows)}
+    report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "engine": ENGINE_KWARGS,
+              "results": rows, "verify_price": price, "ratios": ratios(rows)}
     print_table(report)
     if args.json:
         text = json.dumps(report, indent=1)
@@ -198,7 +198,8 @@ def ratios(rows: list[dict]) -> dict:
             cheap = min(stock, key=lambda r: r["cost"])
             out[f"b{batch}_structure_over_best_stock_tok_s ({fast['setting']})"] = \
                 structure["decode_tok_s"] / fast["decode_tok_s"]
-            out[f"b{batch}_structure_over_best_stock_cost ({cheap['setting']})"] = cheap["cost"] / structure["cost"]
+            out[f"b{batch}_structure_over_best_stock_cost ({cheap['setting']})"] = \
+                cheap["cost"] / structure["cost"]
     return out
 
 

@@ -51,7 +51,8 @@ def math_tools(api: MathAPI | None = None) -> list[StructuredTool]:
         spec = ToolRegistry().add(docs[name])  # BFCL's type names → JSON Schema
         description = spec.description.split("Tool description: ")[-1]
         tools.append(
-            StructuredTool.from_function(getattr(api, name), name=name, description=description, args_schema=spec.parameters)
+            StructuredTool.from_function(getattr(api, name), name=name, description=description,
+                                         args_schema=spec.parameters)
         )
     return tools
 
@@ -91,7 +92,8 @@ def main(question: str = QUESTION, engine: Any = None) -> dict[str, Any]:
     print(f"question: {question}")
     for call in out["tool_calls"]:
         result = out["tool_results"].get(call["id"])
-        print(f"tool call: {call['name']}({json.dumps(call['args'])}) -> {result.content if result else '(not run)'}")
+        print(f"tool call: {call['name']}({json.dumps(call['args'])}) -> "
+              f"{result.content if result else '(not run)'}")
     print(f"answer: {out['answer']}")
     print("acceptance per class (drafted / accepted / rate):")
     for cls, t in out["binding"].acceptance().items():

@@ -45,7 +45,8 @@ def quantile(q: float, bucket_delta: dict[float, float]) -> float | None:
         if count >= rank:
             if le == float("inf"):
                 return prev_le
-            return prev_le + (le - prev_le) * ((rank - prev_count) / (count - prev_count) if count > prev_count else 0)
+            return prev_le + (le - prev_le) * ((rank - prev_count) / (count - prev_count)
+                                               if count > prev_count else 0)
         prev_le, prev_count = le, count
     return prev_le
 
