@@ -20,7 +20,7 @@ from agentspec_sdk.replay.report import (
     summarize,
     write_report,
 )
-from agentspec_sdk.replay.runner import EngineConfig, Plan, run_plan
+from agentspec_sdk.replay.runner import ModeConfig, Plan, run_plan
 from agentspec_sdk.replay.trace import Episode, Turn
 
 
@@ -345,7 +345,7 @@ def fake_requests(monkeypatch):
 
 def plan():
     eps = [Episode(f"e{i}", {"name": "t"}, "sys", [], "prose", [Turn("user", f"q{i}")]) for i in range(4)]
-    return Plan(configs=[EngineConfig("off", 8), EngineConfig("structure", 8)],
+    return Plan(configs=[ModeConfig("off", 8), ModeConfig("structure", 8)],
                 arms=[Arm("A", eps, "", 16, 1)], batches=[2], primary={"batch": 2, "gamma": 8})
 
 

@@ -7,6 +7,7 @@ test (tests/test_engine_contract.py) runs the same calls on both. Extra methods 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
@@ -57,3 +58,28 @@ class AgentEngine(Protocol):
     def __enter__(self) -> AgentEngine: ...
 
     def __exit__(self, *exc: Any) -> None: ...
+
+
+class EngineBase:
+    """What both backends derive from `submit` and `close`, written once: batch `generate`, the
+    awaitable `agenerate` and the context manager."""
+
+    def submit(self, req: TurnRequest) -> Future:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def generate(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        """The results of `requests`, in order (they run concurrently)."""
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    async def agenerate(self, req: TurnRequest) -> TurnResult:
+        return await asyncio.wrap_future(self.submit(req))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

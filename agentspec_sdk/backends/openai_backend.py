@@ -22,19 +22,19 @@ See docs/deployment.md.
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import openai
 
+from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.prom_metrics import subtract, summarize
 from agentspec_sdk.backends.prompts import chat_messages
 from agentspec_sdk.backends.remote_inspect import (
@@ -62,7 +62,7 @@ from agentspec_sdk.structure.tools import ToolRegistry
 __all__ = ["PROBE_GRAMMAR", "PROBE_PATTERN", "MalformedResponse", "RemoteEngine", "parse_prometheus"]
 
 
-class RemoteEngine:
+class RemoteEngine(EngineBase):
     """The engine contract against `base_url` (`http://host:port`, with or without `/v1`)."""
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str = "EMPTY", *,
@@ -249,13 +249,6 @@ class RemoteEngine:
         request_id = req.request_id or uuid.uuid4().hex
         return self._ledger.claim(request_id, lambda: self._pool.submit(self._turn, req, request_id))
 
-    def generate(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
-        futures = [self.submit(r) for r in requests]
-        return [f.result() for f in futures]
-
-    async def agenerate(self, req: TurnRequest) -> TurnResult:
-        return await asyncio.wrap_future(self.submit(req))
-
     def stream(self, req: TurnRequest) -> Iterator[StreamEvent]:
         """StreamEvents (text delta, segment kind, law class) as they arrive; the last carries the result.
 
@@ -350,11 +343,6 @@ class RemoteEngine:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.transport.close()
 
-    def __enter__(self) -> RemoteEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _short(exc: BaseException | None) -> str:

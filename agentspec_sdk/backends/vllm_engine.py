@@ -10,7 +10,6 @@ from that file (`vllm_metrics.RecordsTail`) and reports them next to vLLM's own 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -20,12 +19,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.engine_config import ABLATIONS, SPECULATION, EngineConfig
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.prompts import chat_messages, format_instructions
@@ -73,7 +73,7 @@ class _Live:
     seen: int = 0  # output tokens seen so far (the pass log counts each pass's new ones)
 
 
-class Engine:
+class Engine(EngineBase):
     """Embedded vLLM with structure-aware speculation. See docs/engine.md."""
 
     def __init__(self, model: str | os.PathLike | None = None, *, config: EngineConfig | None = None,
@@ -193,13 +193,6 @@ class Engine:
     def submit(self, req: TurnRequest) -> Future:
         """Queue one turn; the future resolves to its TurnResult (an `error` result for a bad turn)."""
         return self._submit(req, events=None)
-
-    def generate(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
-        futures = [self.submit(r) for r in requests]
-        return [f.result() for f in futures]
-
-    async def agenerate(self, req: TurnRequest) -> TurnResult:
-        return await asyncio.wrap_future(self.submit(req))
 
     def stream(self, req: TurnRequest) -> Iterator[StreamEvent]:
         """Text deltas labelled with their segment kind and law class; the last event carries the result."""
@@ -473,11 +466,6 @@ class Engine:
             pass
         self._llm = self._engine = None
 
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _default_dtype() -> str:

@@ -39,7 +39,8 @@ from agentspec_sdk.drafting.suffix_source import available as suffix_available
 from agentspec_sdk.drafting.text import TokenBytes
 from agentspec_sdk.drafting.tokenizer import ll_tokenizer, turn_markers
 from agentspec_sdk.errors import AgentSpecError
-from agentspec_sdk.law.estimators import OnlineAcceptance, OnlineStepCost
+from agentspec_sdk.law.cost_fits import OnlineStepCost
+from agentspec_sdk.law.estimators import OnlineAcceptance
 from agentspec_sdk.structure.formats import AgentFormat, LawClass
 from agentspec_sdk.structure.segmenter import Segmenter
 

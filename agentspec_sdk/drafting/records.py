@@ -73,9 +73,6 @@ class DraftRound:
     drafted: int
     accepted: int
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(slots=True)
 class PendingDraft:
@@ -145,7 +142,7 @@ class Accounting:
         if len(self.records) < self.keep:
             self.records.append(rnd)
         if self.records_path is not None:
-            self._buffer.append(json.dumps({"type": "round", **rnd.to_dict()}))
+            self._buffer.append(json.dumps({"type": "round", **asdict(rnd)}))
         if self.observer is not None:
             self.observer.round(rnd, sources)
 

@@ -7,8 +7,8 @@ The likelihood of a set of rounds of one class is (1 - eps)^A_tot eps^N_rej, wit
 accepted tokens and N_rej the rounds that ended in a rejection: every estimator below works on
 these two sufficient statistics per class.
 
-The cost fits (pass, step and turn costs) are in `agentspec_sdk.law.cost_fits`; they are re-exported
-here so that `from agentspec_sdk.law.estimators import fit_costs, PassCosts, ...` keeps working.
+The cost fits (pass, step and turn costs) are in `agentspec_sdk.law.cost_fits` (and on the package:
+`from agentspec_sdk.law import fit_costs, PassCosts, ...`).
 """
 
 from __future__ import annotations
@@ -21,29 +21,14 @@ import numpy as np
 
 from agentspec_sdk.errors import LawInputError
 from agentspec_sdk.law.closed_forms import tau
-from agentspec_sdk.law.cost_fits import (
-    PASS_TERM_TEXT,
-    PASS_TERMS,
-    PROPOSER_TERMS,
-    CostFit,
-    OnlineStepCost,
-    PassCosts,
-    fit_costs,
-    fit_pass_costs,
-    fit_proposer,
-    fit_step_price,
-    fit_turn_costs,
-)
 
 Z95 = 1.959963984540054
 CHI2_95_HALF = 1.920729410347062  # chi-square(1) 95% quantile / 2: likelihood-ratio interval drop
 
-__all__ = [  # this module's own, then the cost fits it re-exports
+__all__ = [
     "CHI2_95_HALF", "Z95", "ClassAcceptance", "Counts", "KappaFit", "OnlineAcceptance", "RoundRecord",
     "acceptance_by_class", "counts_by", "entropy_from_logprobs", "fit_kappa", "rho_from_entropies",
     "wilson_interval",
-    "PASS_TERMS", "PASS_TERM_TEXT", "PROPOSER_TERMS", "CostFit", "OnlineStepCost", "PassCosts", "fit_costs",
-    "fit_pass_costs", "fit_proposer", "fit_step_price", "fit_turn_costs",
 ]
 
 

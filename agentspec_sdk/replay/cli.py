@@ -114,7 +114,7 @@ def demo(out: OUT = Path("agentspec-demo"),
     """Replay the bundled agent traces (JSON tool calls, ReAct, a code agent) with speculation off /
     structure / ngram / suffix and report per format."""
     from agentspec_sdk.replay.arms import build_arm, format_arms
-    from agentspec_sdk.replay.runner import EngineConfig, Plan
+    from agentspec_sdk.replay.runner import ModeConfig, Plan
 
     try:
         mode_list = _csv(modes) if modes else (["off", "structure", "suffix"] if quick
@@ -126,7 +126,7 @@ def demo(out: OUT = Path("agentspec-demo"),
         n_prose = (2 if quick else 4) if prose is None else prose
         # a short prose slice (arm A, real passages as the bench uses): the F class P1 and R1 compare
         arms += [build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else []
-        plan = Plan(configs=[EngineConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
+        plan = Plan(configs=[ModeConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     entropies=entropies, entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
                     meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
@@ -161,7 +161,7 @@ def bench(out: OUT = Path("agentspec-bench"),
           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
     from agentspec_sdk.replay.arms import MODES, build_arm, format_arms
-    from agentspec_sdk.replay.runner import EngineConfig, Plan
+    from agentspec_sdk.replay.runner import ModeConfig, Plan
 
     try:
         mode_list, gamma_list, batch_list = _csv(modes), _csv(gammas, int), _csv(batches, int)
@@ -173,9 +173,9 @@ def bench(out: OUT = Path("agentspec-bench"),
         configs = []
         for m in mode_list:
             for g in ([primary_gamma] if m == "off" else gamma_list):
-                configs.append(EngineConfig(m, g))
+                configs.append(ModeConfig(m, g))
         if prefix_check:
-            configs += [EngineConfig(m, primary_gamma, prefix_cache=False) for m in ("off", "structure")]
+            configs += [ModeConfig(m, primary_gamma, prefix_cache=False) for m in ("off", "structure")]
         names = []
         for a in _csv(arms):  # D stands for one arm per agent format (unless --traces gives the file)
             names += format_arms(_csv(formats)) if a == "D" and traces is None else [a]
@@ -294,11 +294,11 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
            eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Replay a trace file with the given speculation modes and report."""
     from agentspec_sdk.replay.arms import build_arm
-    from agentspec_sdk.replay.runner import EngineConfig, Plan
+    from agentspec_sdk.replay.runner import ModeConfig, Plan
 
     try:
         arm = build_arm("D", n, max_tokens=max_tokens, trace_path=traces)
-        plan = Plan(configs=[EngineConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
+        plan = Plan(configs=[ModeConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     meta={"command": "replay", "traces": str(traces)})
         _execute(plan, out, "replay")

@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class ModeConfig:
+    """One engine of a measurement plan: speculation mode, draft length cap, prefix caching (the
+    engine's own settings are `backends.EngineConfig`)."""
+
     mode: str
     gamma: int
     prefix_cache: bool = True
@@ -30,7 +33,7 @@ class EngineConfig:
 
 @dataclass
 class Plan:
-    configs: list[EngineConfig]
+    configs: list[ModeConfig]
     arms: list[Arm]
     batches: list[int]
     primary: dict
@@ -65,7 +68,7 @@ def _unique_tools(arms: list[Arm]) -> list[dict]:
     return out
 
 
-def build_engine(plan: Plan, cfg: EngineConfig):
+def build_engine(plan: Plan, cfg: ModeConfig):
     from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
@@ -91,7 +94,7 @@ def _warm_up(engine: AgentEngine) -> None:
         raise BackendError(f"engine warm-up request failed: {res.error}")
 
 
-def measure_config(plan: Plan, cfg: EngineConfig, engine: AgentEngine, tokenizer: Any,
+def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,
                    emit: Callable[[tuple], None], t0: float) -> None:
     """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
     `emit` receives ("started", seconds to a warm engine), ("status", text), ("turn", TurnLog) and
@@ -121,11 +124,11 @@ def measure_config(plan: Plan, cfg: EngineConfig, engine: AgentEngine, tokenizer
                 raise KeyboardInterrupt
 
 
-def _label(cfg: EngineConfig) -> str:
+def _label(cfg: ModeConfig) -> str:
     return f"{cfg.mode} γ={cfg.gamma}{'' if cfg.prefix_cache else ' no-prefix-cache'}"
 
 
-def _child(plan: Plan, cfg: EngineConfig, events) -> None:
+def _child(plan: Plan, cfg: ModeConfig, events) -> None:
     """Body of the measuring process: engine, replay, events back to the parent through `events`."""
     import signal
 
@@ -148,7 +151,7 @@ def _child(plan: Plan, cfg: EngineConfig, events) -> None:
         events.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _measure_in_child(plan: Plan, cfg: EngineConfig, handle: Callable[[tuple], None]) -> None:
+def _measure_in_child(plan: Plan, cfg: ModeConfig, handle: Callable[[tuple], None]) -> None:
     import multiprocessing as mp
     import queue as queue_mod
 
@@ -183,7 +186,7 @@ def _measure_in_child(plan: Plan, cfg: EngineConfig, handle: Callable[[tuple], N
 
 def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callable[[TurnLog], None] | None = None,
              on_status: Callable[[str], None] | None = None, plots: bool = True,
-             engine_factory: Callable[[Plan, EngineConfig], Any] | None = None) -> dict:
+             engine_factory: Callable[[Plan, ModeConfig], Any] | None = None) -> dict:
     """Measure every config × arm × batch; return the final report (also written to `out_dir`).
 
     By default each config runs in a spawned process of its own; with `engine_factory` (tests, a
@@ -207,7 +210,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
         write_report(rep, out_dir, plots=plots)
         return rep
 
-    def handler(cfg: EngineConfig) -> Callable[[tuple], None]:
+    def handler(cfg: ModeConfig) -> Callable[[tuple], None]:
         def handle(event: tuple) -> None:
             kind = event[0]
             if kind == "turn" and on_turn:

@@ -209,11 +209,16 @@ def _regex_char(cp: int, in_class: bool) -> str:
         return "\\x22"  # lark rewrites `\\"` to `"`: a quote after an escaped backslash is lost
     if c in _REGEX_META:
         return "\\" + c
+    return _escaped_code(cp)
+
+
+def _escaped_code(cp: int) -> str:
+    """A control or non-ASCII code point as both dialects write it (\\xNN, \\uNNNN, \\UNNNNNNNN)."""
     if cp < 0x20 or cp == 0x7F:
         return f"\\x{cp:02x}"
     if cp > 0x7E:
         return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
-    return c
+    return chr(cp)
 
 
 def _regex_class(ranges) -> str:
@@ -405,11 +410,7 @@ def _gbnf_char(cp: int, in_class: bool) -> str:
         return "\\" + c
     if not in_class and c == '"':
         return '\\"'
-    if cp < 0x20 or cp == 0x7F:
-        return f"\\x{cp:02x}"
-    if cp > 0x7E:
-        return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
-    return c
+    return _escaped_code(cp)
 
 
 def _gbnf_class(ranges) -> str:
