@@ -59,14 +59,16 @@ def test_verify_price_needs_enough_steps():
 
 def _run(mode, passes, drafted, tok_s, gamma=8, oracle=(50, 150)):
     return {"arm": "D", "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True, "passes": passes,
-            "drafted": drafted, "decode_tok_s": tok_s, "oracle_passes": oracle[0], "oracle_drafted": oracle[1]}
+            "drafted": drafted, "decode_tok_s": tok_s, "oracle_passes": oracle[0],
+            "oracle_drafted": oracle[1]}
 
 
 def test_costs_and_peer_table():
     runs = [_run("off", 200, 0, 10.0), _run("ngram", 120, 100, 15.0), _run("suffix", 110, 60, 16.0),
             _run("structure", 90, 120, 18.0)]
     steps = {(("D", 8, 8, True), m): _steps(0.05, 0.006, 0.003) for m in ("ngram", "suffix", "structure")}
-    price = accounting.add_costs(runs, steps, lambda r: (("D", r["batch"], r["gamma"], r["prefix_cache"]), r["mode"]))
+    price = accounting.add_costs(runs, steps,
+                                 lambda r: (("D", r["batch"], r["gamma"], r["prefix_cache"]), r["mode"]))
     assert price is not None
     off, ngram, suffix, structure = runs
     assert off["cost"] == 200 + off["delta_hat"] * 0
@@ -123,7 +125,8 @@ def test_label_records_from_token_starts():
     ids = [0, 1, 0, 1]
     labels = clf.labels(text, ids, spans)
     assert labels == "RRSS" and clf.starts(text, ids) == [0, 1, 3, 4]
-    records = [{"position": 2, "law_class": None, "kind": None}, {"position": 0, "law_class": "S", "kind": "x"}]
+    records = [{"position": 2, "law_class": None, "kind": None},
+               {"position": 0, "law_class": "S", "kind": "x"}]
     label_records(records, labels, clf.starts(text, ids), spans)
     assert records[0]["law_class"] == "S" and records[0]["kind"] == "tool_call"
     assert records[1] == {"position": 0, "law_class": "S", "kind": "x"}  # the proposer's own labels stay

@@ -16,7 +16,8 @@ def test_missing_bfcl_eval_raises_one_error_for_every_lookup(monkeypatch):
     for lookup in (lambda: bfcl.load_category("simple_python"), lambda: bfcl.multi_turn_entries("base"),
                    lambda: bfcl.class_docs("MathAPI"), lambda: bfcl.tool_call_prompts(2),
                    lambda: bfcl.read_jsonl("BFCL_v4_multiple.json")):
-        with pytest.raises(BfclDataError, match=r"needs the bfcl-eval package \(pip install --no-deps bfcl-eval\)"):
+        with pytest.raises(BfclDataError,
+                           match=r"needs the bfcl-eval package \(pip install --no-deps bfcl-eval\)"):
             lookup()
 
 
@@ -44,13 +45,15 @@ def test_old_import_paths_are_the_same_objects():
     for module, names in old.items():
         mod = importlib.import_module(module)
         for name in names:
-            assert getattr(mod, name) is getattr(bfcl, name, None) or getattr(mod, name) is getattr(errors, name)
+            assert (getattr(mod, name) is getattr(bfcl, name, None)
+                    or getattr(mod, name) is getattr(errors, name))
 
 
 def test_both_schema_forms_share_one_type_map():
     doc = {"type": "dict", "properties": {"n": {"type": "long", "description": "count"},
                                           "xs": {"type": "tuple", "items": {"type": "float"}},
-                                          "v": {"type": "any"}, "flag": {"type": "Boolean", "optional": True}},
+                                          "v": {"type": "any"},
+                                          "flag": {"type": "Boolean", "optional": True}},
            "required": ["n"]}
     full, compact = bfcl.normalise_bfcl_schema(doc), bfcl.to_json_schema(doc)
     for out in (full, compact):

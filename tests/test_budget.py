@@ -79,7 +79,8 @@ def test_per_position_alphas_value_each_token_by_the_product_before_it():
     assert allocate(np.array([[0.9, 0.9], [1.0, 1.0]]), 0.01, None, 8, [1, 2]).tolist() == [1, 2]
     # a scalar per row is the per-position case with a constant alpha
     rows = np.array([0.7, 0.9])
-    assert allocate(rows, 0.1, 6, 8).tolist() == allocate(np.repeat(rows[:, None], 8, axis=1), 0.1, 6, 8).tolist()
+    assert (allocate(rows, 0.1, 6, 8).tolist()
+            == allocate(np.repeat(rows[:, None], 8, axis=1), 0.1, 6, 8).tolist())
 
 
 def test_default_plan_has_no_step_cap():
@@ -119,5 +120,6 @@ def test_batch_price_with_the_pass_cost_terms():
     assert batch_price(one, 1, (a, b, c)) == pytest.approx(one)
     assert batch_price(one, 8, (a, b, c)) == pytest.approx(c * 8 / (a + b * 8))  # 0.20, not the r-form's 0.25
     assert batch_price(one, 8) == pytest.approx(0.25, abs=0.01)
-    assert batch_price(one + 0.01, 8, (a, b, c)) == pytest.approx(c * 8 / (a + b * 8) + 0.01)  # + the drafter's d
+    # + the drafter's d
+    assert batch_price(one + 0.01, 8, (a, b, c)) == pytest.approx(c * 8 / (a + b * 8) + 0.01)
     assert batch_price(0.05, 8, (0.0, 0.0, 0.01)) == batch_price(0.05, 8)  # unusable terms: the r-form

@@ -96,7 +96,8 @@ def test_environment_runs_the_tests_in_the_sandbox():
 def test_a_code_block_is_a_code_run():
     calls = loop.parse_calls("code_agent", fenced("print(1)"))
     assert calls == [{"name": "python", "arguments": {"code": "print(1)"}}]
-    assert loop.parse_calls("code_agent", "<code>x = 2</code>") == [{"name": "python", "arguments": {"code": "x = 2"}}]
+    assert loop.parse_calls("code_agent", "<code>x = 2</code>") == [
+        {"name": "python", "arguments": {"code": "x = 2"}}]
     assert loop.parse_calls("code_agent", "No code, just words.") == []
 
 
@@ -119,14 +120,17 @@ def test_record_goes_on_after_bad_code_and_stops_at_a_pass():
 
 
 def test_replay_answers_recorded_code_from_the_trace_and_runs_other_code():
-    (ep,) = record(ScriptedCoder([fenced("def has_close_elements(n, t):\n    return 1 / 0"), fenced(solution())]),
+    (ep,) = record(ScriptedCoder([fenced("def has_close_elements(n, t):\n    return 1 / 0"),
+                                  fenced(solution())]),
                    source="humaneval", n=1, max_steps=3, tokenizer=Tok(), concurrency=1)
     assert [t.role for t in ep.turns].count("assistant") == 2
-    same = replay(ScriptedCoder([fenced("def has_close_elements(n, t):\n    return 1 / 0"), fenced(solution())]),
+    same = replay(ScriptedCoder([fenced("def has_close_elements(n, t):\n    return 1 / 0"),
+                                 fenced(solution())]),
                   [ep], tokenizer=Tok(), concurrency=1, latency_scale=0.0)
     assert same.matches == {"exact": 2}
     # a recorded pass ends the episode early, as when recorded
-    early = replay(ScriptedCoder([fenced(solution())]), [ep], tokenizer=Tok(), concurrency=1, latency_scale=0.0)
+    early = replay(ScriptedCoder([fenced(solution())]), [ep], tokenizer=Tok(), concurrency=1,
+                   latency_scale=0.0)
     assert early.matches == {"exact": 1} and len(early.logs) == 1
     # other code than recorded is run in the sandbox (never answered with another code's result)
     other = replay(ScriptedCoder([fenced("# another\n" + solution())]), [ep], tokenizer=Tok(), concurrency=1,
@@ -140,7 +144,8 @@ def test_replay_answers_recorded_code_from_the_trace_and_runs_other_code():
 def test_source_and_format_are_checked():
     assert check_source_format("humaneval", None) == "code_agent"
     assert check_source_format("bfcl-multi-turn", "react") == "react"
-    with pytest.raises(TraceError, match="source 'humaneval' records formats \\['code_agent'\\], not 'react'"):
+    with pytest.raises(TraceError,
+                       match="source 'humaneval' records formats \\['code_agent'\\], not 'react'"):
         check_source_format("humaneval", "react")
     with pytest.raises(TraceError, match="unknown trace source 'mbpp'"):
         check_source_format("mbpp", None)
@@ -154,8 +159,8 @@ def test_real_engine_replays_a_react_and_a_code_agent_episode(engine_structure):
 
     react = load_traces(bundled_traces("react"), limit=1)[0]
     code = load_traces(bundled_traces("code_agent"), limit=1)[0]
-    run = replay(engine_structure, [react, code], tokenizer=load_tokenizer(None), concurrency=2, max_tokens=64,
-                 max_segments=1, latency_scale=0.0)
+    run = replay(engine_structure, [react, code], tokenizer=load_tokenizer(None), concurrency=2,
+                 max_tokens=64, max_segments=1, latency_scale=0.0)
     assert run.logs and not [log.error for log in run.logs if log.error]
     assert set(run.matches) <= {"exact", "name", "executed"}
     react_logs = [log for log in run.logs if log.episode == react.id]

@@ -7,8 +7,8 @@ import pytest
 from agentspec_sdk import law
 from agentspec_sdk.errors import LawInputError
 
-TRUE = {"base": 0.040, "row": 0.006, "grammar": 0.0007, "verified": 0.0025, "verified_ctx": 0.0009, "schema": 0.0004,
-        "prefill": 0.00012, "ctx": 0.0015}
+TRUE = {"base": 0.040, "row": 0.006, "grammar": 0.0007, "verified": 0.0025, "verified_ctx": 0.0009,
+        "schema": 0.0004, "prefill": 0.00012, "ctx": 0.0015}
 PROPOSER = {"base": 0.0008, "row": 0.00015, "drafted": 0.00003, "ctx": 0.00005}
 
 
@@ -130,7 +130,8 @@ def test_platform_layers_have_the_declared_shapes():
     gc = _gpu_costs()
     import torch
 
-    layer = gc.Layer(gc.TINY_TARGET, 2, 16, "cpu", torch.float32, torch.Generator(device="cpu").manual_seed(0))
+    layer = gc.Layer(gc.TINY_TARGET, 2, 16, "cpu", torch.float32,
+                     torch.Generator(device="cpu").manual_seed(0))
     s = gc.TINY_TARGET
     params = layer.qkv.numel() + layer.o.numel() + layer.gate_up.numel() + layer.down.numel()
     assert params == (s.hidden * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * s.hidden
@@ -150,7 +151,8 @@ def test_each_drafter_gets_its_own_proposer_terms_and_the_target_terms_are_share
     slow = {"base": 0.004, "row": 0.001, "drafted": 0.0002, "ctx": 0.0004}  # e.g. a suffix tree's own time
     b = []
     for p in synthetic_passes(seed=4):
-        prop = slow["base"] + slow["row"] * p["rows"] + slow["drafted"] * p["made"] + slow["ctx"] * p["ctx"] / 1000
+        prop = (slow["base"] + slow["row"] * p["rows"] + slow["drafted"] * p["made"]
+                + slow["ctx"] * p["ctx"] / 1000)
         b.append(dict(p, proposer_s=prop, s=p["s"] - p["proposer_s"] + prop))
     assert law.fit_proposer(b)["drafted"] == pytest.approx(slow["drafted"], rel=1e-6)
     fit = law.fit_pass_costs(a + b, proposer_passes=a)
@@ -160,7 +162,8 @@ def test_each_drafter_gets_its_own_proposer_terms_and_the_target_terms_are_share
     # the second drafter's pass, predicted with its own terms
     p = b[0]
     keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx", "grammar")
-    assert fit.seconds(**{k: p[k] for k in keys}, proposer=law.fit_proposer(b)) == pytest.approx(p["s"], abs=0.004)
+    assert (fit.seconds(**{k: p[k] for k in keys}, proposer=law.fit_proposer(b))
+            == pytest.approx(p["s"], abs=0.004))
     assert law.fit_proposer(a[:5]) == {}
 
 

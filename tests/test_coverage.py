@@ -51,11 +51,12 @@ COUNTS = {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact
 
 
 def test_coverage_counts_on_a_sample(sample, checker):
-    datasets, reasons = coverage_report(sample, checker, seconds=20.0)  # a bound, not a speed goal: the checks stop once done
+    # a bound, not a speed goal: the checks stop once done
+    datasets, reasons = coverage_report(sample, checker, seconds=20.0)
     glaive = datasets["Glaiveai2K"]
     assert set(glaive) == COUNTS
-    assert {k: glaive[k] for k in ("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok")} == dict.fromkeys(
-        ("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok"), 2)
+    assert ({k: glaive[k] for k in ("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok")}
+            == dict.fromkeys(("total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok"), 2))
     assert glaive["exact"] == 2 and glaive["completeness_failures"] == glaive["soundness_failures"] == 0
     assert glaive["disagreements"] == 0 and glaive["examples"] == {}
     assert datasets["Github_easy"]["total"] == 2
@@ -110,7 +111,8 @@ def test_completeness_finds_valid_instances_a_restricted_grammar_rejects(checker
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     rules = schema_rules(schema, "s", closed=True)
     judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
-    result = check_exactness(schema, judges, seconds=10.0, examples=20, closed=True)  # generous: CI may be loaded
+    # generous: CI may be loaded
+    result = check_exactness(schema, judges, seconds=10.0, examples=20, closed=True)
     assert result.completeness_checked > 0 and not result.exact
     extra = json.loads(result.completeness_failure)
     assert set(extra) - {"a"}, extra

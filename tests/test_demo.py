@@ -14,7 +14,8 @@ from agentspec_sdk import law
 def demo_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, json.loads((out / "report.json").read_text()), proc.stdout
 
@@ -62,7 +63,8 @@ def test_demo_report_is_internally_consistent(demo_report):
             assert run["drafted"] == 0
     structure = next(r for r in rep["runs"] if r["mode"] == "structure")
     assert structure["drafted"] > 0 and structure["by_class"]["S"]["tokens"] > 0
-    assert structure["w"]["S"] == pytest.approx(structure["by_class"]["S"]["tokens"] / structure["output_tokens"])
+    assert structure["w"]["S"] == pytest.approx(structure["by_class"]["S"]["tokens"]
+                                                / structure["output_tokens"])
 
 
 @pytest.mark.engine
@@ -97,7 +99,8 @@ def test_demo_law_prediction_recomputes(demo_report):
     mix = law.ClassMix(w, fit["rho"])
     t = float(law.tau(pred["gamma"], law.eps_bar(params, mix)))
     assert pred["tau"] == pytest.approx(t)
-    assert pred["saving_round"] == pytest.approx(float(law.saving(pred["gamma"], t, pred["delta"], pred["d"])))
+    assert pred["saving_round"] == pytest.approx(
+        float(law.saving(pred["gamma"], t, pred["delta"], pred["d"])))
     check = pred["check"]  # the pass cost model's saving: 1 - t_spec / (t_off (1 + f tau))
     f = check["draft_share"]
     rounds_tau = pred.get("tau_rounds", t)  # the check uses each class's tau at its own drafted length

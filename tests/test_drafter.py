@@ -268,7 +268,8 @@ def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch, caplog
     assert stats["last_error"].startswith("row 0: Traceback") and "RuntimeError: boom" in stats["last_error"]
     [record] = [r for r in caplog.records if r.name == "agentspec.drafting"]
     assert "row 0 failed" in record.getMessage() and record.exc_info[0] is RuntimeError
-    assert 'raise RuntimeError("boom")' in caplog.text  # the traceback reaches the log, down to the raising line
+    # the traceback reaches the log, down to the raising line
+    assert 'raise RuntimeError("boom")' in caplog.text
     drafter.propose([RowInput(np.array(good))])
     assert drafter.stats()["last_error"] == stats["last_error"]  # kept until the next failure
 

@@ -82,7 +82,8 @@ def near_tie_mismatches(results, off_results) -> list[tuple[str, int, float]]:
 
 @pytest.mark.engine
 def test_structure_is_token_identical_to_off(structure_results, off_results):
-    assert all(r.ok for r in structure_results + off_results), [r.error for r in structure_results + off_results]
+    assert all(r.ok for r in structure_results + off_results), \
+        [r.error for r in structure_results + off_results]
     mismatches = near_tie_mismatches(structure_results, off_results)
     print(f"\ntoken mismatches structure vs off: {len(mismatches)}/{len(off_results)} "
           f"(request, first differing position, logprob gap in off's own logits): {mismatches}")
@@ -102,14 +103,15 @@ def test_outputs_follow_grammar_and_tool_schemas(structure_results, prompts, hf_
     calls = 0
     for res, prompt in zip(structure_results, prompts, strict=True):
         registry = prompt.registry()
-        matcher = llguidance.LLMatcher(ll_tok, llguidance.LLMatcher.grammar_from_lark(turn_grammar(TOOL_CALLS, registry, tool_choice="call")))
+        matcher = llguidance.LLMatcher(ll_tok, llguidance.LLMatcher.grammar_from_lark(
+            turn_grammar(TOOL_CALLS, registry, tool_choice="call")))
         for tok in res.token_ids:
             assert matcher.consume_token(tok), (res.request_id, res.text, matcher.get_error())
         if res.finish_reason != "stop":
             continue
         assert matcher.is_accepting() or matcher.is_stopped(), (res.request_id, res.text)
-        parser = lark.Lark(turn_grammar(TOOL_CALLS, registry, tool_choice="call", dialect="lark"), parser="earley",
-                           lexer="dynamic")
+        parser = lark.Lark(turn_grammar(TOOL_CALLS, registry, tool_choice="call", dialect="lark"),
+                           parser="earley", lexer="dynamic")
         parser.parse(res.text)
         for call in parse_turn(TOOL_CALLS, res.text).tool_calls:
             jsonschema.validate(call.arguments, registry.get(call.name).parameters)
@@ -171,7 +173,8 @@ def test_acceptance_per_class_and_agreement_with_vllm(engine_structure, structur
     for res in structure_results:
         assert res.spec is not None
         # The proposer's drafts, settled against the output, agree with vLLM's own per-request count.
-        assert sum(r["accepted"] for r in res.records) == res.spec["num_accepted_draft_tokens"], res.request_id
+        assert sum(r["accepted"] for r in res.records) == res.spec["num_accepted_draft_tokens"], \
+            res.request_id
         assert res.acceptance == _by_class(res.records)
     stats = engine_structure.stats()
     assert stats["claimed_accepted"] == stats["vllm"]["num_accepted_tokens"]
@@ -213,7 +216,8 @@ def test_cpu_engine_uses_small_kv_blocks_for_prefix_reuse(engine_structure):
 
 @pytest.mark.engine
 def test_bad_grammar_fails_alone(engine_structure):
-    good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER], max_tokens=40)
+    good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER],
+                       max_tokens=40)
     bad = TurnRequest(messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER],
                       grammar='start: "a" undefined_rule', max_tokens=40)
     results = engine_structure.generate([good, bad, good])
@@ -224,12 +228,14 @@ def test_bad_grammar_fails_alone(engine_structure):
 @pytest.mark.engine
 def test_prompt_beyond_max_model_len_fails_alone(engine_structure):
     limit = engine_structure.max_model_len
-    good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER], max_tokens=40)
-    long = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo? " * (limit // 4)}], tools=[WEATHER],
+    good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER],
                        max_tokens=40)
+    long = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo? " * (limit // 4)}],
+                       tools=[WEATHER], max_tokens=40)
     results = engine_structure.generate([good, long, good])
     assert results[1].error.startswith("PromptTooLong: prompt of ")
-    assert "+ max_tokens 40 = " in results[1].error and results[1].error.endswith(f"exceeds max_model_len {limit}")
+    assert ("+ max_tokens 40 = " in results[1].error
+            and results[1].error.endswith(f"exceeds max_model_len {limit}"))
     assert results[0].ok and results[2].ok and results[0].token_ids == results[2].token_ids
 
 
@@ -237,7 +243,8 @@ def test_prompt_beyond_max_model_len_fails_alone(engine_structure):
 def test_proposer_exception_does_not_kill_the_engine(engine_structure):
     proposer = engine_structure.proposer()
     assert proposer is not None, "test needs the in-process engine core"
-    req = TurnRequest(messages=[{"role": "user", "content": "Weather in Lima?"}], tools=[WEATHER], max_tokens=40)
+    req = TurnRequest(messages=[{"role": "user", "content": "Weather in Lima?"}], tools=[WEATHER],
+                      max_tokens=40)
     before = engine_structure.stats()["proposer"]["batch_errors"]
 
     def broken(*args):
@@ -256,7 +263,8 @@ def test_proposer_exception_does_not_kill_the_engine(engine_structure):
 
 @pytest.mark.engine
 def test_stream_labels_segments(engine_structure):
-    req = TurnRequest(messages=[{"role": "user", "content": "Weather in Kyoto?"}], tools=[WEATHER], max_tokens=40)
+    req = TurnRequest(messages=[{"role": "user", "content": "Weather in Kyoto?"}], tools=[WEATHER],
+                      max_tokens=40)
     events = list(engine_structure.stream(req))
     result = events[-1].result
     assert result is not None and result.ok
@@ -323,7 +331,8 @@ def test_proposer_adapter_without_vllm(tmp_path, monkeypatch, hf_tokenizer):
     drafts = proposer.propose([[ids[-1]], [], [], []], counts, batch)
     assert len(drafts) == 4 and drafts[1:] == [[], [], []]
     assert 0 < len(drafts[0]) <= 4
-    assert hf_tokenizer.decode(drafts[0]).startswith('{"name":"get_weather"'[: len(hf_tokenizer.decode(drafts[0]))])
+    assert hf_tokenizer.decode(drafts[0]).startswith(
+        '{"name":"get_weather"'[: len(hf_tokenizer.decode(drafts[0]))])
     lines = [json.loads(x) for x in records.read_text().splitlines()]
     assert any(x["type"] == "draft" and x["tokens"] == drafts[0] and x["position"] == len(ids) for x in lines)
 
@@ -345,7 +354,8 @@ def test_last_round_cut_by_the_stop_check_takes_vllms_count():
     records = [{"position": 0, "drafted": 4, "accepted": 4}, {"position": 70, "drafted": 8, "accepted": 2}]
     settle_against_vllm(records, 72, {"per_step_accepted": [4, 7]})  # max_tokens=72 dropped 5 verified tokens
     assert records[-1]["accepted"] == 7 and records[-1]["beyond_output"] == 5
-    rejected = [{"position": 70, "drafted": 8, "accepted": 1}]  # token 71 differs from the draft: a real reject
+    # token 71 differs from the draft: a real reject
+    rejected = [{"position": 70, "drafted": 8, "accepted": 1}]
     settle_against_vllm(rejected, 72, {"per_step_accepted": [1]})
     assert rejected[0]["accepted"] == 1 and "beyond_output" not in rejected[0]
 
@@ -360,7 +370,8 @@ if __name__ == "__main__":
     prompts = tool_call_prompts(int(sys.argv[1]))
     with Engine(speculation="draft_model", draft_model=resolve_model(), gamma_max=4) as engine:
         results = engine.generate([TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call",
-                                               max_tokens=int(sys.argv[2]), request_id=p.id) for p in prompts])
+                                               max_tokens=int(sys.argv[2]), request_id=p.id)
+                                   for p in prompts])
         print(json.dumps({"results": [[r.request_id, r.error, r.token_ids] for r in results],
                           "vllm": engine.stats()["vllm"]}))
 """

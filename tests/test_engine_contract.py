@@ -118,7 +118,8 @@ def test_engine_config_from_keywords_or_a_config_and_bad_settings_before_anythin
 
 def test_prompt_text_lives_with_the_format():
     mine = AgentFormat.from_dict({**TOOL_CALLS.to_dict(), "name": "contract_calls",
-                                  "instructions": "Call tools like this.", "env_wrap": "[result] {} [/result]"})
+                                  "instructions": "Call tools like this.",
+                                  "env_wrap": "[result] {} [/result]"})
     msgs = chat_messages([{"role": "user", "content": "hi"}, {"role": "tool", "content": "sunny {x}"}], mine,
                          ToolRegistry(TOOLS))
     assert msgs[0]["content"].startswith("Call tools like this.\n\nTools (JSON):\n")
@@ -172,7 +173,8 @@ def backend(request, tmp_path_factory):
 
 def _turn(city: str, **kw) -> TurnRequest:
     kw.setdefault("max_tokens", 64)
-    return TurnRequest(messages=_question(city), fmt="tool_calls", request_id=f"contract/{city}", agent_id=city, **kw)
+    return TurnRequest(messages=_question(city), fmt="tool_calls", request_id=f"contract/{city}",
+                       agent_id=city, **kw)
 
 
 def test_is_an_agent_engine(backend):
@@ -226,10 +228,12 @@ def test_stream_events_follow_the_segments_and_end_with_the_result(backend):
 
 def test_a_bad_turn_fails_alone(backend):
     _, eng = backend
-    bad = TurnRequest(messages=[{"role": "user", "content": "hi"}], fmt="no_such_format", request_id="contract/bad")
+    bad = TurnRequest(messages=[{"role": "user", "content": "hi"}], fmt="no_such_format",
+                      request_id="contract/bad")
     res = eng.submit(bad).result()
     assert res.error and "no_such_format" in res.error
-    events = list(eng.stream(TurnRequest(messages=bad.messages, fmt="no_such_format", request_id="contract/bad2")))
+    events = list(eng.stream(TurnRequest(messages=bad.messages, fmt="no_such_format",
+                                         request_id="contract/bad2")))
     assert len(events) == 1 and "no_such_format" in events[0].result.error
 
 

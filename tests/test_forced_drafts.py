@@ -118,7 +118,8 @@ def test_call_matcher_rolls_back_a_changed_tail(tok):
     m = CallMatcher(ll, tool_call_grammar([*_registry([WEATHER])]), "</tool_call>")
     assert m.forced_text('{"name":"get_weather","arguments":{"ci') == 'ty":"'
     # re-tokenizing the longer text changes the last token: the matcher rolls it back, not restarts
-    assert m.forced_text('{"name":"get_weather","arguments":{"city":"Oslo","unit":"c') == 'elsius"}}</tool_call>'
+    assert (m.forced_text('{"name":"get_weather","arguments":{"city":"Oslo","unit":"c')
+            == 'elsius"}}</tool_call>')
     assert not m.dead
 
 
@@ -141,11 +142,13 @@ def _registry(tools):
 def test_lookup_inside_a_call_is_trimmed_to_what_the_grammar_allows(tok):
     drafter = StructureDrafter(DraftPlan(tools=[WEATHER], gamma_max=16), tok)
     prompt = _prompt(tok, "Weather for San Francisco\nand then Lima")
-    draft = tok.decode(_draft(drafter, tok, prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
+    draft = tok.decode(_draft(drafter, tok,
+                              prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
     assert draft.startswith(" Francisco")
     assert "\n" not in draft  # a raw newline cannot be inside a JSON string
     unchecked = StructureDrafter(DraftPlan(tools=[], gamma_max=16), tok)
-    raw = tok.decode(_draft(unchecked, tok, prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
+    raw = tok.decode(_draft(unchecked, tok,
+                            prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
     assert "\n" in raw
 
 
@@ -192,7 +195,8 @@ def test_a_repeated_call_is_copied_with_its_newline(tok):
     drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>\n{CALL}</tool_call>\n<tool_call>"
     draft = tok.decode(_draft(drafter, tok, head))
-    assert draft.startswith('\n{"name":"get_weather","arguments":{"city":"Oslo') and CALL.startswith(draft[1:])
+    assert (draft.startswith('\n{"name":"get_weather","arguments":{"city":"Oslo')
+            and CALL.startswith(draft[1:]))
 
 
 def test_a_begun_open_marker_is_completed_and_the_call_drafted(tok):
@@ -209,7 +213,8 @@ def test_a_begun_open_marker_is_completed_and_the_call_drafted(tok):
 
 def test_a_chained_draft_leaves_the_matcher_in_the_real_state(tok):
     drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
-    head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>" + '{"name":"get_weather","arguments":{"city":"'
+    head = (_prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>"
+            + '{"name":"get_weather","arguments":{"city":"')
     assert tok.decode(_draft(drafter, tok, head)).startswith('Oslo","unit":"celsius"}}')
     # the model wrote something else: the forced text follows the real text, not the old draft
     assert tok.decode(_draft(drafter, tok, head + 'Bergen","unit":"f')) == 'ahrenheit"}}</tool_call>'
@@ -218,7 +223,8 @@ def test_a_chained_draft_leaves_the_matcher_in_the_real_state(tok):
 
 def test_chained_drafts_are_the_canonical_tokenization(tok):
     drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
-    text = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>" + '{"name":"get_weather","arguments":{"'
+    text = (_prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>"
+            + '{"name":"get_weather","arguments":{"')
     ids = tok.encode(text)
     draft = drafter.propose([RowInput(np.array(ids))])[0]
     assert tok.encode(text + tok.decode(draft)) == ids + draft
