@@ -132,7 +132,8 @@ def test_stream_gives_content_deltas_then_whole_tool_calls_and_matches_invoke():
     assert len(content) > 1 and "".join(content) == full.content == "Let me add these."
     assert [tc["name"] for c in chunks for tc in c.tool_call_chunks] == ["add", "multiply"]
     total = _aggregate(chunks)
-    assert [(c["name"], c["args"]) for c in total.tool_calls] == [(c["name"], c["args"]) for c in full.tool_calls]
+    assert ([(c["name"], c["args"]) for c in total.tool_calls]
+            == [(c["name"], c["args"]) for c in full.tool_calls])
     assert total.usage_metadata == full.usage_metadata
     assert total.response_metadata["acceptance"] == ACCEPTANCE
 
@@ -167,7 +168,8 @@ def test_tool_choice_maps_to_the_turn_grammar():
     both = ToolRegistry([add, multiply])
     model.bind_tools([add, multiply], tool_choice="multiply").invoke("x")
     assert engine.requests[0].tools.names == ["multiply"]
-    assert engine.requests[0].grammar == turn_grammar(TOOL_CALLS, ToolRegistry([multiply]), tool_choice="required")
+    assert engine.requests[0].grammar == turn_grammar(TOOL_CALLS, ToolRegistry([multiply]),
+                                                      tool_choice="required")
     model.bind_tools([add, multiply], tool_choice="any").invoke("x")
     assert engine.requests[1].grammar == turn_grammar(TOOL_CALLS, both, tool_choice="required")
     model.bind_tools([add, multiply], tool_choice="auto").invoke("x")
@@ -214,7 +216,8 @@ def test_unknown_tool_name_cannot_be_produced_under_the_grammar():
 
 
 def test_react_turns_become_tool_calls_and_history_is_rendered_in_react():
-    engine = FakeEngine(['Thought: I need the sum.\nAction: add\nAction Input: {"a":1,"b":2}\n', "Final Answer: 3"])
+    engine = FakeEngine(['Thought: I need the sum.\nAction: add\nAction Input: {"a":1,"b":2}\n',
+                         "Final Answer: 3"])
     bound = ChatAgentSpec(engine=engine, fmt="react").bind_tools([add])
     first = bound.invoke("1+2?")
     assert [(c["name"], c["args"]) for c in first.tool_calls] == [("add", {"a": 1, "b": 2})]
@@ -222,7 +225,8 @@ def test_react_turns_become_tool_calls_and_history_is_rendered_in_react():
     assert engine.requests[0].grammar == turn_grammar(get_format("react"), ToolRegistry([add]))
     foreign = AIMessage("I add.", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "x"}])
     bound.invoke([HumanMessage("1+2?"), foreign, ToolMessage("3", tool_call_id="x")])
-    assert engine.requests[1].messages[1]["content"] == 'Thought: I add.\nAction: add\nAction Input: {"a":1,"b":2}\n'
+    assert (engine.requests[1].messages[1]["content"]
+            == 'Thought: I add.\nAction: add\nAction Input: {"a":1,"b":2}\n')
 
 
 def _matcher_accepts(grammar: str):

@@ -42,7 +42,8 @@ def test_a_code_block_is_a_call_of_the_code_tool():
 def test_history_is_rendered_as_a_code_block_and_other_tools_are_refused():
     engine = FakeEngine(["Done: 45."])
     model = ChatAgentSpec(engine=engine, fmt="code_agent").bind_tools([code_tool()])
-    foreign = AIMessage("I run it.", tool_calls=[{"name": "python", "args": {"code": "print(45)"}, "id": "c1"}])
+    foreign = AIMessage("I run it.",
+                        tool_calls=[{"name": "python", "args": {"code": "print(45)"}, "id": "c1"}])
     model.invoke([HumanMessage("sum?"), foreign, ToolMessage("45", tool_call_id="c1")])
     sent = engine.requests[0].messages
     assert sent[1]["content"] == "I run it.\n```python\nprint(45)\n```"
@@ -76,7 +77,8 @@ def test_a_code_agent_runs_on_the_real_engine(engine_structure):
     for values in graph.stream({"messages": [("user", "Print the sum of the numbers 1 to 10 with Python.")]},
                                stream_mode="values"):
         states.append(values)
-        if len(states) >= 4:  # the question, the model, its code run, the model again (a 135M model may go on)
+        # the question, the model, its code run, the model again (a 135M model may go on)
+        if len(states) >= 4:
             break
     state = states[-1]
     calls = [c for m in state["messages"] if isinstance(m, AIMessage) for c in m.tool_calls]

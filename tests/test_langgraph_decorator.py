@@ -138,7 +138,8 @@ def test_a_builder_that_builds_no_supported_agent_is_refused():
         g.add_edge(START, "agent")
         return g.compile()
 
-    with pytest.raises(AgentSpecError, match=r"built no agent it can adapt \(found 0 create_agent call\(s\), 0 ToolNode"):
+    with pytest.raises(AgentSpecError,
+                       match=r"built no agent it can adapt \(found 0 create_agent call\(s\), 0 ToolNode"):
         build(None, [add])
 
 

@@ -82,7 +82,8 @@ def run_agent(model: Any, tools: list[Any], mw: AgentSpecMiddleware, *, use_asyn
 @pytest.mark.parametrize("use_async", [False, True])
 def test_a_tool_that_raises_becomes_an_error_tool_message(use_async):
     mw = AgentSpecMiddleware()
-    state = run_agent(fake_model({"name": "divide", "args": {"a": 1, "b": 0}}), [divide], mw, use_async=use_async)
+    state = run_agent(fake_model({"name": "divide", "args": {"a": 1, "b": 0}}), [divide], mw,
+                      use_async=use_async)
     [msg] = tool_messages(state)
     assert msg.status == "error" and "ZeroDivisionError" in msg.content and msg.tool_call_id == "c0"
     assert state["messages"][-1].content == "done"
@@ -96,7 +97,8 @@ def test_without_the_middleware_a_raising_tool_crashes_the_agent():
 
 @pytest.mark.parametrize("use_async", [False, True])
 def test_arguments_the_tool_rejects_go_back_as_error_tool_messages(use_async):
-    calls = ({"name": "square_root", "args": {"number": "nine"}}, {"name": "square_root", "args": {"number": -4}})
+    calls = ({"name": "square_root", "args": {"number": "nine"}},
+             {"name": "square_root", "args": {"number": -4}})
     state = run_agent(fake_model(*calls), [square_root], AgentSpecMiddleware(), use_async=use_async)
     schema_error, value_error = tool_messages(state)
     assert schema_error.status == "error" and "number" in schema_error.content
@@ -108,7 +110,8 @@ def test_arguments_the_tool_rejects_go_back_as_error_tool_messages(use_async):
 def test_a_tool_that_hangs_past_its_timeout_becomes_an_error(use_async, hanging):
     mw = AgentSpecMiddleware(tool_timeout_s=30.0, tool_timeouts={hanging.name: 0.2})
     # 2 s: asyncio.run waits for the worker thread of a hung sync tool before it returns
-    state = run_agent(fake_model({"name": hanging.name, "args": {"seconds": 2}}), [hanging], mw, use_async=use_async)
+    state = run_agent(fake_model({"name": hanging.name, "args": {"seconds": 2}}), [hanging], mw,
+                      use_async=use_async)
     [msg] = tool_messages(state)
     assert msg.status == "error" and "timed out" in msg.content and "0.2 s" in msg.content
     assert state["messages"][-1].content == "done"
@@ -120,7 +123,8 @@ def test_a_tool_raising_timeouterror_itself_is_not_reported_as_our_timeout():
         """Call a slow service."""
         raise TimeoutError("upstream took too long")
 
-    state = run_agent(fake_model({"name": "slow_service", "args": {"x": 1}}), [slow_service], AgentSpecMiddleware())
+    state = run_agent(fake_model({"name": "slow_service", "args": {"x": 1}}), [slow_service],
+                      AgentSpecMiddleware())
     [msg] = tool_messages(state)
     assert "TimeoutError: upstream took too long" in msg.content
 

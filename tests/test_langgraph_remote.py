@@ -68,7 +68,8 @@ class Server:
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                  "finish_reason": "stop", "token_ids": list(range(len(text)))}],
                     "prompt_token_ids": [1, 2, 3],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": len(text), "total_tokens": 3 + len(text)},
+                    "usage": {"prompt_tokens": 3, "completion_tokens": len(text),
+                              "total_tokens": 3 + len(text)},
                     "metrics": {"speculative_decoding": SPEC},
                 }).encode())  # fmt: skip
 

@@ -168,7 +168,8 @@ def test_figures_have_labelled_axes_and_breakeven_marks():
 def test_saving_plot_labels_points_by_arm_mode_batch_and_draws_the_cost_model():
     params = LawParams(0.64, 0.2, 0.01)
     mix = ClassMix.from_shares(0.7, 0.3, 0.8, 0.42, 0.14)
-    pts = [{"arm": "D", "mode": "structure", "batch": 8, "gamma": 8, "w_s": 0.7, "saving": 0.45, "predicted": 0.5},
+    pts = [{"arm": "D", "mode": "structure", "batch": 8, "gamma": 8, "w_s": 0.7, "saving": 0.45,
+            "predicted": 0.5},
            {"arm": "D", "mode": "suffix", "batch": 8, "gamma": 8, "w_s": 0.7, "saving": 0.4}]
     fig = figure_saving_vs_w_s(params, mix, (8,), pts, {"gamma": 5, "draft_share": 0.6, "overhead": 0.02})
     ax = fig.axes[0]

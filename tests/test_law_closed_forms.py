@@ -133,7 +133,8 @@ def test_eps_star_exact_is_the_root_of_the_saving():
         for delta, d in ((0.05, 0.02), (0.2, 0.3), (0.0, 0.9)):
             e = float(eps_star_exact(gamma, delta, d))
             assert saving_direct(gamma, e, delta, d) == pytest.approx(0.0, abs=1e-10)
-            assert saving_direct(gamma, e - 1e-6, delta, d) > 0 > saving_direct(gamma, min(e + 1e-6, 1.0), delta, d)
+            assert (saving_direct(gamma, e - 1e-6, delta, d) > 0
+                    > saving_direct(gamma, min(e + 1e-6, 1.0), delta, d))
 
 
 def test_eps_star_exact_has_no_root_when_cost_exceeds_any_gain():
@@ -366,7 +367,8 @@ def test_token_values_and_extend_rule_match_the_speedup_curve():
     for delta, d in ((0.05, 0.02), (0.2, 0.1)):
         for a in alphas:
             for g in range(1, 16):
-                gain = speedup(g + 1, tau_direct(g + 1, 1 - a), delta, d) - speedup(g, tau_direct(g, 1 - a), delta, d)
+                gain = (speedup(g + 1, tau_direct(g + 1, 1 - a), delta, d)
+                        - speedup(g, tau_direct(g, 1 - a), delta, d))
                 if abs(gain) > 1e-12:
                     assert bool(extend_pays(a, g, delta, d)) == (gain > 0)
 

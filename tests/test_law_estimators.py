@@ -262,11 +262,13 @@ def test_fit_step_price_keeps_every_term_nonnegative():
     rng = np.random.default_rng(6)
     rows = rng.integers(1, 9, 200)
     drafted = rng.integers(0, 9, 200) * rows
-    gaps = [{"s": 0.05 + 0.006 * n + 0.003 * k, "rows": int(n), "drafted": int(k)} for n, k in zip(rows, drafted, strict=True)]
+    gaps = [{"s": 0.05 + 0.006 * n + 0.003 * k, "rows": int(n), "drafted": int(k)}
+            for n, k in zip(rows, drafted, strict=True)]
     price = fit_step_price(gaps)
     assert price["a_s"] == pytest.approx(0.05) and price["b_s_per_row"] == pytest.approx(0.006)
     assert price["c_s_per_token"] == pytest.approx(0.003) and price["dropped"] == [] and price["steps"] == 200
-    noisy = [dict(g, s=g["s"] - 0.01 * g["rows"]) for g in gaps]  # a per-row cost below zero is noise: dropped
+    # a per-row cost below zero is noise: dropped
+    noisy = [dict(g, s=g["s"] - 0.01 * g["rows"]) for g in gaps]
     assert fit_step_price(noisy)["b_s_per_row"] == 0.0 and fit_step_price(noisy)["dropped"] == ["b_s_per_row"]
     assert fit_step_price(gaps[:29]) is None  # fewer than 30 gaps
     collinear = [dict(g, drafted=4 * g["rows"]) for g in gaps]

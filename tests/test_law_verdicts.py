@@ -106,7 +106,8 @@ def speedup_check(name, tau_pred, tau_meas, spec_pred, spec_meas, off_pred, off_
                "off pass (s)": {"predicted": off_pred, "measured": off_meas},
                "time outside passes": {"predicted": 1.0, "measured": outside}}
     for k, f in factors.items():  # predicted / measured contribution to the speedup
-        f["error"] = (f["measured"] / f["predicted"] if k == "speculative pass (s)" else f["predicted"] / f["measured"])
+        f["error"] = (f["measured"] / f["predicted"] if k == "speculative pass (s)"
+                      else f["predicted"] / f["measured"])
     predicted = (1 + tau_pred) * off_pred / spec_pred
     measured = (1 + tau_meas) * off_meas / spec_meas * outside
     return SpeedupCheck(name, predicted, measured, factors)
@@ -139,5 +140,6 @@ def test_verdicts_returns_all_six_in_order():
     recs = rounds(np.random.default_rng(5), {"S": 0.95, "R": 0.7, "F": 0.4}, 100)
     out = verdicts(recs, gamma=8, arms=[ArmSaving("B", 0.8, 0.3)], compared=4, mismatched=0)
     assert [v.name for v in out] == ["P1", "R1", "R2", "R3", "R4", "R5"]
-    assert [v.status for v in out] == ["pass", "pass", "pass", "insufficient data", "pass", "insufficient data"]
+    assert [v.status for v in out] == ["pass", "pass", "pass", "insufficient data", "pass",
+                                       "insufficient data"]
     assert all(v.text for v in out)

@@ -27,7 +27,8 @@ def test_long_context_category_keeps_full_docs_and_loads_long_states():
     assert "Tool description:" in fn["description"]  # BFCL's documentation, unshortened
     assert all("description" in p for p in fn["parameters"]["properties"].values())
     watch = environment_for(stub).execute("get_watchlist", {})
-    assert watch.ok and len(watch.result) > 5000  # the long_context state: a watch list of hundreds of symbols
+    # the long_context state: a watch list of hundreds of symbols
+    assert watch.ok and len(watch.result) > 5000
     base = bfcl_episode_stub(_entry("base", "multi_turn_base_100"), "base", 2)
     assert "long_context" not in base.source
     assert environment_for(base).execute("get_watchlist", {}).result == '{"watchlist": ["NVDA"]}'
@@ -51,7 +52,8 @@ def test_shipped_long_context_traces():
     episodes = load_traces(LONG)
     assert 12 <= len(episodes) <= 16
     assert {ep.source["license"] for ep in episodes} == {"Apache-2.0"}
-    assert all(ep.source["long_context"] and ep.id.startswith("bfcl/multi_turn_long_context_") for ep in episodes)
+    assert all(ep.source["long_context"] and ep.id.startswith("bfcl/multi_turn_long_context_")
+               for ep in episodes)
     assert "Apache-2.0" in (TRACES / "README.md").read_text()
     tok, fmt = load_tokenizer(None), get_format("tool_calls")
     prompts = []  # the prompt of every recorded assistant turn, as the engine builds it
@@ -59,8 +61,8 @@ def test_shipped_long_context_traces():
         msgs = [{"role": "system", "content": ep.system}]
         for t in ep.turns:
             if t.role == "assistant":
-                text = tok.apply_chat_template(chat_messages(msgs, fmt, ToolRegistry(ep.tools)), tokenize=False,
-                                               add_generation_prompt=True)
+                text = tok.apply_chat_template(chat_messages(msgs, fmt, ToolRegistry(ep.tools)),
+                                               tokenize=False, add_generation_prompt=True)
                 prompts.append(len(tok(text, add_special_tokens=False)["input_ids"]))
             msgs.append({"role": t.role, "content": t.content})
         assert sum(t.role == "tool" for t in ep.turns) >= 1 or ep.meta["output_tokens"] > 0

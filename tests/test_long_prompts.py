@@ -20,7 +20,8 @@ from agentspec_sdk.structure.tools import ToolRegistry
 
 def test_context_length_of_the_default_model_is_its_config_value():
     path = resolve_model(None)
-    expected = json.loads((__import__("pathlib").Path(path) / "config.json").read_text())["max_position_embeddings"]
+    expected = json.loads((__import__("pathlib").Path(path) / "config.json").read_text())[
+        "max_position_embeddings"]
     assert context_length(path) == expected == 8192
 
 
@@ -29,7 +30,8 @@ def test_context_length_aliases_nested_and_missing(tmp_path):
     (tmp_path / "a" / "config.json").write_text(json.dumps({"n_positions": 1024}))
     assert context_length(tmp_path / "a") == 1024
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 32768}}))
+    (tmp_path / "b" / "config.json").write_text(
+        json.dumps({"text_config": {"max_position_embeddings": 32768}}))
     assert context_length(tmp_path / "b") == 32768
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "config.json").write_text(json.dumps({"hidden_size": 8}))
@@ -72,8 +74,9 @@ class GrowingPromptEngine:
         error = (f"PromptTooLong: {PromptTooLong(size, req['max_tokens'], self.limit)}"
                  if size + req["max_tokens"] > self.limit else None)
         fut.set_result(types.SimpleNamespace(
-            text="" if error else "call", token_ids=[] if error else [1, 2], prompt_token_ids=[] if error else [0],
-            finish_reason=None if error else "stop", error=error, spans=[], records=[], acceptance={},
+            text="" if error else "call", token_ids=[] if error else [1, 2],
+            prompt_token_ids=[] if error else [0], finish_reason=None if error else "stop", error=error,
+            spans=[], records=[], acceptance={},
             timings={} if error else {"decode_s": 0.1}, spec=None))
         return fut
 
@@ -91,13 +94,17 @@ class Tok:
 
 def test_too_long_turn_ends_the_episode_and_is_counted(monkeypatch):
     monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
-    monkeypatch.setattr(loop, "parse_calls", lambda fmt, text: [{"name": "ls", "arguments": {}}] if text else [])
-    episode = Episode("e", {"name": "t"}, "sys", [], "tool_calls", [Turn("user", "first"), Turn("user", "second")])
+    monkeypatch.setattr(loop, "parse_calls",
+                        lambda fmt, text: [{"name": "ls", "arguments": {}}] if text else [])
+    episode = Episode("e", {"name": "t"}, "sys", [], "tool_calls",
+                      [Turn("user", "first"), Turn("user", "second")])
     engine = GrowingPromptEngine(limit=200)
     big = loop.Observation("x" * 90, 0.0, "real")
-    logs, produced = loop.run_episode(engine, episode, lambda name, args, seg: big, classifier=loop.TokenClassifier(Tok()),
+    logs, produced = loop.run_episode(engine, episode, lambda name, args, seg: big,
+                                      classifier=loop.TokenClassifier(Tok()),
                                       max_tokens=20, max_steps=lambda seg: 5, sleep=False)
-    # turn 0 fits (3 + 5 + 20 chars), turn 1 fits (+ 94), turn 2 does not (+ 94 > 200): the episode stops there
+    # turn 0 fits (3 + 5 + 20 chars), turn 1 fits (+ 94), turn 2 does not (+ 94 > 200):
+    # the episode stops there
     assert [log.too_long for log in logs] == [False, False, True]
     assert len(engine.requests) == 3 and all(r["messages"][1]["content"] == "first" for r in engine.requests)
     assert "second" not in [t.content for t in produced]
@@ -112,6 +119,7 @@ def test_too_long_turn_ends_the_episode_and_is_counted(monkeypatch):
 
 
 def test_server_context_error_counts_as_too_long():
-    assert loop.is_too_long("server rejected the request: This model's maximum context length is 2048 tokens.")
+    assert loop.is_too_long("server rejected the request: "
+                            "This model's maximum context length is 2048 tokens.")
     assert not loop.is_too_long("BackendError: grammar does not compile")
     assert not loop.is_too_long(None)

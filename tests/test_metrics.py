@@ -54,7 +54,8 @@ def test_accounting_feeds_the_counters_it_keeps_itself():
     acc = Accounting(OnlineAcceptance({"S": 0.8, "R": 0.4, "F": 0.3}))
     acc.observer = metrics
     rounds = [(DraftRound(10, 1, "tool_call", "S", "forced", 6, 6), ["forced"] * 4 + ["lookup"] * 2),
-              (DraftRound(17, 2, "tool_call", "S", "forced", 5, 2), ["forced", "forced", "lookup", "lookup", "lookup"]),
+              (DraftRound(17, 2, "tool_call", "S", "forced", 5, 2),
+               ["forced", "forced", "lookup", "lookup", "lookup"]),
               (DraftRound(30, 3, "content", "F", "lookup", 4, 0), None),
               (DraftRound(40, 4, "think", "R", "repeat", 3, 3), ["repeat"] * 3)]
     for rnd, sources in rounds:
@@ -75,7 +76,8 @@ def test_accounting_feeds_the_counters_it_keeps_itself():
     assert s["steps"] == 2 and s["rows"] == 5 and s["errors"] == 2 and s["batch_errors"] == 1
     assert s["proposer_s"] == pytest.approx(0.003) and s["step_s"] == pytest.approx(0.05)
     page = _page(reg)
-    for family in ("agentspec:draft_tokens_total", "agentspec:accepted_tokens_total", "agentspec:draft_rounds_total",
+    for family in ("agentspec:draft_tokens_total", "agentspec:accepted_tokens_total",
+                   "agentspec:draft_rounds_total",
                    "agentspec:budget_withheld_tokens_total", "agentspec:gated_rows_total",
                    "agentspec:proposer_seconds_bucket", "agentspec:drafter_errors_total"):
         assert family in page, family
@@ -109,7 +111,8 @@ def test_a_real_drafter_settles_rounds_into_the_counters(tmp_path):
     drafter.propose([RowInput(np.array(target))])
     s = summarize(parse_agentspec(_page(reg)))
     own = drafter.stats()["by_class"]
-    assert own and {c: {k: v[k] for k in ("rounds", "drafted", "accepted")} for c, v in s["by_class"].items()} == own
+    assert own and {c: {k: v[k] for k in ("rounds", "drafted", "accepted")}
+                    for c, v in s["by_class"].items()} == own
     assert sum(r.accepted for r in drafter.records) == sum(v["accepted"] for v in s["by_class"].values()) > 0
 
 
@@ -126,8 +129,8 @@ def test_metrics_of_another_process_reach_a_multiprocess_collector(tmp_path):
             "m = proposer_metrics()\n"
             "m.round(DraftRound(1, 2, 'tool_call', 'S', 'forced', 4, 3), None)\n"
             "m.step(2, 0.001, 0, False, 0.03)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom)},
-                   timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom)}, timeout=120)
     assert list(prom.glob("*.db"))
     reg = CollectorRegistry()
     multiprocess.MultiProcessCollector(reg, path=str(prom))
@@ -239,7 +242,8 @@ def test_remote_stats_read_the_proposer_metrics_since_the_client_started():
     try:
         srv.page = _page(reg) + VLLM_LINES.format(n=1, d=4, a=4)
         eng = RemoteEngine(srv.url, model="m")
-        metrics.round(DraftRound(9, 2, "tool_call", "S", "forced", 4, 1), ["forced", "lookup", "lookup", "lookup"])
+        metrics.round(DraftRound(9, 2, "tool_call", "S", "forced", 4, 1),
+                      ["forced", "lookup", "lookup", "lookup"])
         metrics.round(DraftRound(20, 3, "content", "F", "lookup", 2, 0), None)
         metrics.step(rows=2, seconds=0.004, row_errors=0, batch_error=False, interval=0.1)
         srv.page = _page(reg) + VLLM_LINES.format(n=3, d=10, a=5)

@@ -88,7 +88,8 @@ def test_suffix_global_tree_carries_responses_across_requests(offline):
     turns = [{"prompt": [1, 2, 3], "out": out}, {"prompt": [4, 5, 6], "out": list(out)}]
     full = offline.simulate(turns, offline.SuffixDrafter(8), batch=1)
     assert offline.simulate(turns, offline.SuffixTrees(8), batch=1) == full
-    assert offline.simulate(turns, offline.SuffixTrees(8, share="finished"), batch=1) == full  # one row at a time
+    # one row at a time
+    assert offline.simulate(turns, offline.SuffixTrees(8, share="finished"), batch=1) == full
     own = offline.simulate(turns, offline.SuffixTrees(8, share="none"), batch=1)
     # random tokens never recur inside one request: only the second request, from the global tree, drafts
     assert own == {"passes": 2 * 39, "drafted": 0, "accepted": 0}
@@ -148,7 +149,8 @@ def test_per_class_split_by_the_token_a_draft_began_at(offline):
         return [rest[:2] + [0] + rest[3:4]]
 
     row = offline.simulate([turn], propose, batch=1)
-    # pass 1 starts at out[1] (S): drafts 6 7 0 9, 2 accepted; pass 2 starts at out[4] (R): drafts 9 0, 1 accepted
+    # pass 1 starts at out[1] (S): drafts 6 7 0 9, 2 accepted;
+    # pass 2 starts at out[4] (R): drafts 9 0, 1 accepted
     assert row["by_class"] == {"R": {"passes": 1, "drafted": 2, "accepted": 1},
                                "S": {"passes": 1, "drafted": 4, "accepted": 2}}
     assert (row["passes"], row["drafted"], row["accepted"]) == (2, 6, 3)

@@ -82,7 +82,8 @@ def make_handler(script: Script):
             if self.path == "/health":
                 self._send(200, b"")
             elif self.path == "/v1/models":
-                self._send(200, json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode())
+                self._send(200, json.dumps({"object": "list",
+                                            "data": [{"id": "m", "object": "model"}]}).encode())
             elif self.path == "/metrics":
                 self._send(200, script.metrics_page.encode(), "text/plain")
             else:
@@ -217,7 +218,8 @@ def test_unreachable_server_fails_clearly_after_bounded_retries(caplog):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     caplog.set_level(logging.WARNING, logger="agentspec.remote")
-    eng = RemoteEngine(f"http://127.0.0.1:{port}/v1", model="m", max_retries=3, backoff_s=0.01, max_backoff_s=0.02)
+    eng = RemoteEngine(f"http://127.0.0.1:{port}/v1", model="m", max_retries=3, backoff_s=0.01,
+                       max_backoff_s=0.02)
     started = time.monotonic()
     with pytest.raises(BackendError, match=rf"127\.0\.0\.1:{port}.*after 4 attempt"):
         eng.submit(turn()).result()
@@ -246,7 +248,8 @@ def test_retry_deadline_bounds_the_wait():
     ({**completion(CALL), "choices": [{"index": 0, "message": {"content": 7}, "token_ids": [1]}]},
      "choices.0.message.content"),
     ({**completion(CALL), "prompt_token_ids": ["a"]}, "prompt_token_ids"),
-    (completion(CALL, spec={"num_draft_tokens": 3}), "metrics.speculative_decoding.num_accepted_draft_tokens"),
+    (completion(CALL, spec={"num_draft_tokens": 3}),
+     "metrics.speculative_decoding.num_accepted_draft_tokens"),
     ({**completion(CALL), "metrics": {"speculative_decoding": "yes"}}, "metrics.speculative_decoding"),
 ])
 def test_malformed_response_names_the_field(fake, body, field):
@@ -298,7 +301,8 @@ def test_stream_delivers_text_with_segment_labels(fake):
         events = list(eng.stream(turn()))
     result = events[-1].result
     assert "".join(e.text_delta for e in events[:-1]) == result.text == "I will call it. " + CALL
-    assert script.bodies[0]["stream"] is True and script.bodies[0]["stream_options"] == {"include_usage": True}
+    assert (script.bodies[0]["stream"] is True
+            and script.bodies[0]["stream_options"] == {"include_usage": True})
     assert {e.law_class for e in events[:-1]} == {s.law_class.value for s in result.spans} == {"R", "S"}
     assert result.acceptance["all"]["accepted"] == 3 and result.prompt_token_ids == [1, 2, 3]
 
@@ -371,7 +375,8 @@ def test_check_fails_when_the_proposer_is_not_in_the_server(fake, tmp_path):
     script = fake(("ok", "agentspec probe gamma."))
     records = tmp_path / "records.jsonl"
     records.write_text("")
-    with engine(script.url, records_path=records) as eng, pytest.raises(BackendError, match="proposer is not"):
+    with (engine(script.url, records_path=records) as eng,
+          pytest.raises(BackendError, match="proposer is not")):
         eng.check()
 
 
@@ -406,8 +411,8 @@ def test_a_bad_turn_fails_alone_before_anything_is_sent(fake):
     with engine(script.url) as eng:
         res = eng.submit(TurnRequest(
             messages=[{"role": "user", "content": "hi"}], fmt="no_such_format", request_id="x")).result()
-        events = list(eng.stream(TurnRequest(messages=[{"role": "user", "content": "hi"}], fmt="no_such_format",
-                                             request_id="y")))
+        events = list(eng.stream(TurnRequest(messages=[{"role": "user", "content": "hi"}],
+                                             fmt="no_such_format", request_id="y")))
     assert res.error and "no_such_format" in res.error
     assert len(events) == 1 and "no_such_format" in events[0].result.error
     assert script.bodies == []

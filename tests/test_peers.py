@@ -62,7 +62,8 @@ class _Ngram:
     """The shape of vLLM's NgramProposer.propose (num_spec, sampled, num_tokens_no_spec, token_ids_cpu)."""
 
     def propose(self, num_spec, sampled, num_tokens, token_ids, slot_mappings=None):
-        return [[int(token_ids[i, num_tokens[i] - 1]) + 1] * 3 if sampled[i] else [] for i in range(len(sampled))]
+        return [[int(token_ids[i, num_tokens[i] - 1]) + 1] * 3 if sampled[i] else []
+                for i in range(len(sampled))]
 
 
 def test_observer_keeps_drafts_and_records_them_for_the_claim(tmp_path):
@@ -79,7 +80,8 @@ def test_observer_keeps_drafts_and_records_them_for_the_claim(tmp_path):
     assert drafts == original(8, [[14], []], num, ids)  # untouched
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     draft_lines = [x for x in lines if x["type"] == "draft"]
-    assert len(draft_lines) == 1 and draft_lines[0]["position"] == 5 and draft_lines[0]["tokens"] == [15, 15, 15]
+    assert (len(draft_lines) == 1 and draft_lines[0]["position"] == 5
+            and draft_lines[0]["tokens"] == [15, 15, 15])
     step = next(x for x in lines if x["type"] == "step")
     assert step["rows"] == 2 and step["drafted"] == 3 and step["ctx"] == 8
     tail = RecordsTail(path)

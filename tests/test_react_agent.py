@@ -25,7 +25,8 @@ def accepts(episode):
     hf = AutoTokenizer.from_pretrained(str(resolve_model()))
     tokenizer = llguidance.hf.from_tokenizer(hf)
     grammar = loop.react_call_grammar("react", episode.tools)
-    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar), tokenizer) == ""
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar),
+                                                 tokenizer) == ""
 
     def check(text: str) -> bool:
         matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))

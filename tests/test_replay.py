@@ -133,7 +133,8 @@ def test_token_classifier_assigns_spans():
 
 
 def test_parse_calls_reads_real_tool_call_turns():
-    calls = loop.parse_calls("tool_calls", 'ok <tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call>')
+    calls = loop.parse_calls("tool_calls",
+                             'ok <tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call>')
     assert calls == [{"name": "cd", "arguments": {"folder": "a"}}]
 
 

@@ -12,7 +12,8 @@ import pytest
 from agentspec_sdk.errors import SandboxError
 from agentspec_sdk.replay.sandbox import UID_BASE, UID_POOL, Sandbox, SandboxLimits, probe_isolation
 
-TIMEOUT = 5.0  # generous: the 2 cores here are shared with engines (a run starts in 0.12 s idle, ~2 s at load 12)
+# generous: the 2 cores here are shared with engines (a run starts in 0.12 s idle, ~2 s at load 12)
+TIMEOUT = 5.0
 ISOLATED = probe_isolation() != "none"
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason="no namespaces here (sandbox level 'none')")
 
@@ -35,7 +36,8 @@ def _timed(sandbox: Sandbox, code: str):
 
 
 def test_runs_code_in_a_fresh_folder(sandbox):
-    first = sandbox.run("import os\nopen('state.txt', 'w').write('x')\nprint(os.getcwd() == os.environ['HOME'])")
+    first = sandbox.run("import os\nopen('state.txt', 'w').write('x')\n"
+                        "print(os.getcwd() == os.environ['HOME'])")
     assert first.ok, first.observation()
     assert first.output.strip() == "True"
     second = sandbox.run("import os\nprint(os.path.exists('state.txt'), sorted(os.listdir('.')))")
@@ -56,7 +58,8 @@ def test_infinite_loop_is_stopped_at_the_timeout(sandbox):
 
 
 def test_fork_bomb_is_contained_and_leaves_nothing(sandbox):
-    result, wall = _timed(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    result, wall = _timed(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n"
+                                   "    except OSError:\n        pass")
     assert not result.ok and "Error:" in result.observation()
     assert wall < TIMEOUT + 2.0
     if ISOLATED:
@@ -110,7 +113,8 @@ def test_network_is_unreachable(sandbox):
     # ... and is unreachable from inside
     t = threading.Thread(target=accept)
     t.start()
-    result, wall = _timed(sandbox, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)")
+    result, wall = _timed(sandbox, "import socket\n"
+                                   f"socket.create_connection(('127.0.0.1', {port}), timeout=1)")
     server.close()
     t.join()
     assert not result.ok and "OSError" in result.output
