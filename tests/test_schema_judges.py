@@ -38,11 +38,14 @@ CLASSES = [
      {"anyOf": [OBJ_A, {"type": "object", "additionalProperties": True}]}, {},
      ['{"a":1}', '{"a":"x"}', '{"b":1}', "{}", '{"a":[1,{"a":2}]}'], ["[]", '{"a":1,}', '{"a" 1}']),
     ("oneOf (relaxed): closed declared key vs typed extra keys",
-     {"oneOf": [{**OBJ_A, "additionalProperties": False}, {"type": "object", "additionalProperties": {"type": "integer"}}]},
+     {"oneOf": [{**OBJ_A, "additionalProperties": False},
+                {"type": "object", "additionalProperties": {"type": "integer"}}]},
      {"relax": ["oneOf"]}, ['{"a":1}', '{"a":"x"}', '{"zz":2}'], ['{"a":true}', '{"a":"x","b":1}']),
     ("dependentSchemas: no dependency (generic key) vs dependency present (declared keys)",
-     {"dependentSchemas": {"bar": {"properties": {"foo": {"type": "integer"}, "bar": {"type": "integer"}}}}}, {},
-     ['{"foo":"quux"}', '{"foo":2,"bar":1}', "{}", '{"bar":1}'], ['{"foo":"quux","bar":2}', '{"foo":2,"bar":"x"}']),
+     {"dependentSchemas": {"bar": {"properties": {"foo": {"type": "integer"}, "bar": {"type": "integer"}}}}},
+     {},
+     ['{"foo":"quux"}', '{"foo":2,"bar":1}', "{}", '{"bar":1}'],
+     ['{"foo":"quux","bar":2}', '{"foo":2,"bar":"x"}']),
     ("dependencies (array form): key absent vs key with its dependents",
      {"dependencies": {"bar": ["foo"]}}, {},
      ['{"foo":1}', '{"bar":2,"foo":1}', '{"baz":1}'], ['{"bar":2}', '{"bar":2,"baz":1}']),
@@ -76,7 +79,8 @@ CLASSES = [
 ]
 
 
-@pytest.mark.parametrize("schema, options, valid, invalid", [c[1:] for c in CLASSES], ids=[c[0] for c in CLASSES])
+@pytest.mark.parametrize("schema, options, valid, invalid", [c[1:] for c in CLASSES],
+                         ids=[c[0] for c in CLASSES])
 def test_every_judge_agrees_and_masks_match_on_each_prefix(checker, schema, options, valid, invalid):
     judges, _ = judges_for(checker, schema, **options)
     for text in valid:
@@ -95,8 +99,10 @@ _LARK_LITERAL = re.compile(r'(?<![/\\])"((?:[^"\\]|\\.)*)"')
 
 
 @pytest.mark.parametrize("schema, options", [c[1:3] for c in CLASSES] + [
-    ({"type": "object", "properties": {"x": {"enum": [{"k": [None, True, -1.25e3]}, "s"]}, "y": {"const": -0.5}}}, {}),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}, {}),
+    ({"type": "object",
+      "properties": {"x": {"enum": [{"k": [None, True, -1.25e3]}, "s"]}, "y": {"const": -0.5}}}, {}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "additionalProperties": False}, {}),
 ], ids=[c[0] for c in CLASSES] + ["nested enum values", "closed object"])
 def test_every_lark_literal_is_one_json_token(schema, options):
     """The invariant behind the fix: lexemes are whole JSON tokens (numbers split at sign, integer
@@ -120,7 +126,8 @@ KEY: /\\x22[a-z]*\\x22/
 STR: /\\x22[a-z]*\\x22/
 NUM: /[0-9]+/
 '''
-    gbnf_text = 'root ::= "{" ("\\"a\\":" str | key ":" num) "}"\nkey ::= "\\"" [a-z]* "\\""\nstr ::= "\\"" [a-z]* "\\""\nnum ::= [0-9]+\n'
+    gbnf_text = ('root ::= "{" ("\\"a\\":" str | key ":" num) "}"\nkey ::= "\\"" [a-z]* "\\""\n'
+                 'str ::= "\\"" [a-z]* "\\""\nnum ::= [0-9]+\n')
     judges = checker.judges(lark_text, gbnf_text)
     assert judges.errors == dict.fromkeys(JUDGES)
     assert judges.verdicts('{"a":"x"}') == dict.fromkeys(JUDGES, True)

@@ -11,7 +11,8 @@ annotations in 2020-12 (format.json expects "2962" to be a valid email), so the 
 
 An instance is judged by its canonical serialisations (`canonical_texts`: keys in the order the
 grammar puts them, one text per way the schema's alternatives order them, numbers in the canonical
-number form): a valid instance must have one that each judge accepts, an invalid one none that any judge accepts.
+number form): a valid instance must have one that each judge accepts, an invalid one none that any
+judge accepts.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def run_suite(checker, *, mask_prefixes: int = MASK_PREFIXES) -> dict:
                 continue
             stats["supported"] += 1
             stats["supported_instances"] += len(case["tests"])
-            judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
+            judges = checker.judges(f"start: {rules.root}\n{rules.lark}",
+                                    f"root ::= {rules.root}\n{rules.gbnf}")
             for name, error in judges.errors.items():
                 if error is not None:
                     stats["wrong"].append(f"{where}: {name} rejects the grammar: {error[:300]}")
@@ -92,7 +94,8 @@ def run_suite(checker, *, mask_prefixes: int = MASK_PREFIXES) -> dict:
                     if accepted == test["valid"]:
                         stats["correct"][name] += 1
                     elif accepted is not None:
-                        stats["wrong"].append(f"{name}: {where} / {test['description']}: {texts} valid={test['valid']}")
+                        stats["wrong"].append(f"{name}: {where} / {test['description']}: {texts} "
+                                              f"valid={test['valid']}")
                 if not test["valid"]:
                     continue
                 text = next((t for t, v in zip(texts, verdicts, strict=True) if v["llguidance"]), texts[0])
@@ -103,7 +106,8 @@ def run_suite(checker, *, mask_prefixes: int = MASK_PREFIXES) -> dict:
                         stats["mask_disagreements"].append(f"{where}: prefix {text[:n]!r} rejected")
                     elif masks["llguidance"] != masks["xgrammar"]:
                         diff = sorted(masks["llguidance"] ^ masks["xgrammar"])
-                        stats["mask_disagreements"].append(f"{where}: after {text[:n]!r} the masks differ on bytes {diff[:12]}")
+                        stats["mask_disagreements"].append(f"{where}: after {text[:n]!r} the masks differ "
+                                                           f"on bytes {diff[:12]}")
     return stats
 
 
@@ -116,7 +120,8 @@ def test_suite_is_fully_correct_on_supported_cases_under_every_judge(checker, ca
             f"{stats['unsupported']} unsupported (SchemaNotSupported); instances in supported cases "
             f"{stats['supported_instances']}/{stats['all_instances']} ({share:.1%}); "
             + ", ".join(f"{name} {stats['correct'][name]}/{stats['instances']} correct" for name in JUDGES)
-            + f"; masks (llguidance vs xgrammar) compared after {stats['prefixes']} prefixes of valid instances, "
+            + f"; masks (llguidance vs xgrammar) compared after {stats['prefixes']} prefixes of valid "
+            f"instances, "
             f"{len(stats['mask_disagreements'])} disagree"
         )
     assert not stats["wrong"], "\n".join(stats["wrong"][:40])

@@ -13,7 +13,8 @@ TOOL_TEXT = (
     'Let me call.<tool_call>{"name": "f", "arguments": {"s": "</tool_call> <tool_response>"}}</tool_call>\n'
     '<tool_call>{"name":"g","arguments":{"e":"\\\\"}}</tool_call><tool_response>ok</tool_response>'
 )
-CODE_TEXT = 'I will compute.\n```python\nprint("Thought: <result>")\n```\n<result>3</result>Done <code>x</code>'
+CODE_TEXT = ('I will compute.\n```python\nprint("Thought: <result>")\n```\n'
+             '<result>3</result>Done <code>x</code>')
 
 
 def pieces(fmt, text):
@@ -34,7 +35,8 @@ def test_react_spans():
 def test_tool_call_marker_text_inside_json_strings_is_not_a_boundary():
     assert pieces(TOOL_CALLS, TOOL_TEXT) == [
         ("reasoning", "Let me call."),
-        ("tool_call", '<tool_call>{"name": "f", "arguments": {"s": "</tool_call> <tool_response>"}}</tool_call>'),
+        ("tool_call",
+         '<tool_call>{"name": "f", "arguments": {"s": "</tool_call> <tool_response>"}}</tool_call>'),
         ("reasoning", "\n"),
         ("tool_call", '<tool_call>{"name":"g","arguments":{"e":"\\\\"}}</tool_call>'),
         ("tool_response", "<tool_response>ok</tool_response>"),
@@ -161,8 +163,10 @@ STRESS = AgentFormat.from_dict({
 
 FRAGMENTS = {
     STRESS: ["a", "b", "c", "d", "ab", "abc", "bc", "cb", "<", "<<", "`", "```", '"', "\\"],
-    REACT: ["Thought:", "Action:", "Action Input:", "Observation:", "Final Answer:", "Act", "Obs", '"', "\\", "{", "}", " ", "\n", "x", "ion"],
-    TOOL_CALLS: ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tool", "</", '"', "\\", "{", "}", "a", "<", ">"],
+    REACT: ["Thought:", "Action:", "Action Input:", "Observation:", "Final Answer:", "Act", "Obs", '"',
+            "\\", "{", "}", " ", "\n", "x", "ion"],
+    TOOL_CALLS: ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tool", "</", '"',
+                 "\\", "{", "}", "a", "<", ">"],
     CODE_AGENT: ["```", "`", "``", "<code>", "</code>", "<result>", "</result>", "<", "/", "x", "\n", '"'],
 }
 

@@ -37,7 +37,8 @@ def _flag(args: list[str], name: str) -> str:
 
 
 def test_structure_command_points_vllm_at_our_proposer(tmp_path):
-    spec = ServerSpec(model="/models/m", port=8123, gamma_max=6, plan_path=tmp_path / "plan.json", dtype="float32")
+    spec = ServerSpec(model="/models/m", port=8123, gamma_max=6, plan_path=tmp_path / "plan.json",
+                      dtype="float32")
     args = spec.args()
     assert json.loads(_flag(args, "--speculative-config")) == {
         "method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": 6}
@@ -48,7 +49,8 @@ def test_structure_command_points_vllm_at_our_proposer(tmp_path):
     assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve()),
                           "PROMETHEUS_MULTIPROC_DIR": str(spec.multiproc_dir())}  # agentspec:* on /metrics
     assert ServerSpec(model="m", speculation="ngram").env() == {}  # no proposer: vLLM's own collection
-    assert "PROMETHEUS_MULTIPROC_DIR" not in ServerSpec(model="m", plan_path=tmp_path / "p.json", metrics=False).env()
+    assert "PROMETHEUS_MULTIPROC_DIR" not in ServerSpec(model="m", plan_path=tmp_path / "p.json",
+                                                        metrics=False).env()
     line = spec.shell_line()
     assert line.startswith(f"AGENTSPEC_PLAN={(tmp_path / 'plan.json').resolve()} ")
     assert shlex.split(line)[len(spec.env()):] == spec.command()  # what is printed is what runs
@@ -106,13 +108,13 @@ def test_serve_dry_run_writes_the_plan_and_prints_the_command(tmp_path):
     tools.write_text(json.dumps(TOOLS))
     plan = tmp_path / "plan.json"
     out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path), "--tools", str(tools), "--formats",
-                                      "tool_calls,react", "--port", "8555", "--gamma-max", "5", "--plan", str(plan),
-                                      "--dry-run", "--", "--enforce-eager"])
+                                      "tool_calls,react", "--port", "8555", "--gamma-max", "5",
+                                      "--plan", str(plan), "--dry-run", "--", "--enforce-eager"])
     assert out.exit_code != 0 and "config.json" in out.output  # not a HF folder: named, not a traceback
     (tmp_path / "config.json").write_text("{}")
     out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path), "--tools", str(tools), "--formats",
-                                      "tool_calls,react", "--port", "8555", "--gamma-max", "5", "--plan", str(plan),
-                                      "--dry-run", "--", "--enforce-eager"])
+                                      "tool_calls,react", "--port", "8555", "--gamma-max", "5",
+                                      "--plan", str(plan), "--dry-run", "--", "--enforce-eager"])
     assert out.exit_code == 0, out.output
     loaded = DraftPlan.load(plan)
     assert [f["name"] for f in loaded.formats] == ["tool_calls", "react"]
@@ -143,8 +145,8 @@ def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_pa
     assert out.exit_code == 0, out.output
     assert DraftPlan.load(tmp_path / "a.json").records_path is None and "proposer records: off" in out.output
     assert "PROMETHEUS_MULTIPROC_DIR=" in out.output
-    out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "b.json"), "--records", str(tmp_path / "r.jsonl"),
-                                             "--records-max-mb", "2"])
+    out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "b.json"),
+                                             "--records", str(tmp_path / "r.jsonl"), "--records-max-mb", "2"])
     plan = DraftPlan.load(tmp_path / "b.json")
     assert plan.records_path == str((tmp_path / "r.jsonl").resolve()) and plan.records_max_bytes == 2 << 20
     out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "c.json"), "--no-metrics"])
@@ -177,8 +179,8 @@ def test_a_port_in_use_is_named_before_vllm_starts(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         started = time.monotonic()
-        out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path), "--plan", str(tmp_path / "p.json"),
-                                          "--port", str(port)])
+        out = CliRunner().invoke(_cli(), ["serve", "--model", str(tmp_path),
+                                          "--plan", str(tmp_path / "p.json"), "--port", str(port)])
         elapsed = time.monotonic() - started
         with pytest.raises(BackendError, match=f"port {port} on 127.0.0.1 is already in use"):
             ServerProcess(ServerSpec(model="m", speculation="off", port=port)).start()
@@ -310,7 +312,8 @@ def test_agent_turns_through_the_real_server(served):
     for res, grammar in zip(results, grammars.values(), strict=True):
         assert res.error is None, res.error
         assert res.text and res.token_ids and res.prompt_token_ids
-        assert _grammar_accepts(tokenizer, grammar or free, res.token_ids, res.finish_reason == "stop"), res.text
+        assert _grammar_accepts(tokenizer, grammar or free, res.token_ids, res.finish_reason == "stop"), \
+            res.text
         assert res.spec is not None and res.spec["num_spec_tokens"] == 4
     for res in results:
         print(f"{res.request_id}: {res.text!r} spec={res.spec['num_accepted_draft_tokens']}/"

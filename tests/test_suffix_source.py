@@ -11,7 +11,8 @@ from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import Candidate
 from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
 
-pytestmark = pytest.mark.skipif(not available(), reason="arctic-inference missing: scripts/setup.sh installs it")
+pytestmark = pytest.mark.skipif(not available(),
+                                reason="arctic-inference missing: scripts/setup.sh installs it")
 
 
 def test_trees_draft_from_the_prompt_with_conditional_confidences():

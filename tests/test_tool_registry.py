@@ -157,7 +157,8 @@ def test_normalise_bfcl_schema_types():
     with pytest.raises(InvalidSchema, match=r"unknown BFCL type 'complex' \(at /properties/z/type\)"):
         normalise_bfcl_schema({"type": "dict", "properties": {"z": {"type": "complex"}}})
     with pytest.raises(ToolRegistryError, match="tool 'f'.*unknown BFCL type 'complex'"):
-        ToolRegistry().add({"name": "f", "parameters": {"type": "dict", "properties": {"z": {"type": "complex"}}}})
+        ToolRegistry().add({"name": "f",
+                            "parameters": {"type": "dict", "properties": {"z": {"type": "complex"}}}})
 
 
 def test_duplicate_and_invalid_names():
@@ -199,7 +200,8 @@ def test_tools_json_round_trip(tmp_path):
 
 def test_ten_thousand_tools_register():
     docs = [
-        {"name": f"tool_{i}", "description": "d", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+        {"name": f"tool_{i}", "description": "d",
+         "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
         for i in range(10_000)
     ]
     reg = ToolRegistry(docs)

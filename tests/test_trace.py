@@ -17,7 +17,8 @@ from agentspec_sdk.replay.trace import (
 )
 
 TOOL = {"type": "function", "function": {"name": "cd", "description": "change dir",
-                                         "parameters": {"type": "object", "properties": {"folder": {"type": "string"}}}}}
+                                         "parameters": {"type": "object",
+                                                        "properties": {"folder": {"type": "string"}}}}}
 
 
 def episode(ep_id="e1") -> Episode:
@@ -25,7 +26,8 @@ def episode(ep_id="e1") -> Episode:
         Turn("user", "go to docs"),
         Turn("assistant", '<tool_call>{"name":"cd","arguments":{"folder":"docs"}}</tool_call>',
              tool_calls=[{"name": "cd", "arguments": {"folder": "docs"}}]),
-        Turn("tool", '{"current_working_directory": "docs"}', name="cd", arguments={"folder": "docs"}, latency_s=0.01),
+        Turn("tool", '{"current_working_directory": "docs"}', name="cd", arguments={"folder": "docs"},
+             latency_s=0.01),
         Turn("assistant", "Done."),
         Turn("user", "thanks"),
     ])
@@ -64,9 +66,11 @@ def test_truncated_last_line(tmp_path):
     (lambda d: d.update(tools=[{"name": "cd"}]), r"tools\[0\] must be an OpenAI tool dict"),
     (lambda d: d.update(turns=[]), "no user message"),
     (lambda d: d.update(version=99), "trace version 99"),
-    (lambda d: d.update(format="no_such_format"), r"field 'format': unknown format 'no_such_format'; known: \["),
+    (lambda d: d.update(format="no_such_format"),
+     r"field 'format': unknown format 'no_such_format'; known: \["),
     (lambda d: d["turns"][1].update(content='{"name":"cd"}'),
-     r"turns\[1\]: the assistant turn is answered by a tool turn but has no '<tool_call>' \(format 'tool_calls'\)"),
+     r"turns\[1\]: the assistant turn is answered by a tool turn but has no '<tool_call>' "
+     r"\(format 'tool_calls'\)"),
 ])
 def test_invalid_episode_is_named(tmp_path, mutate, message):
     data = episode("a").to_dict()
@@ -119,7 +123,8 @@ def test_bfcl_schema_conversion_and_prompt():
     for t in tools:
         params = t["function"]["parameters"]
         assert params["type"] == "object"
-        assert all(p.get("type") not in ("dict", "float", "tuple") for p in params.get("properties", {}).values())
+        assert all(p.get("type") not in ("dict", "float", "tuple")
+                   for p in params.get("properties", {}).values())
     cd = next(t for t in tools if t["function"]["name"] == "cd")
     assert cd["function"]["description"] == "Change the current working directory to the specified folder"
     assert cd["function"]["parameters"] == {"type": "object", "properties": {"folder": {"type": "string"}},
@@ -140,7 +145,8 @@ def test_bfcl_environment_runs_real_tools():
 def test_pick_entries_spreads_classes():
     entries = bfcl.multi_turn_entries()
     chosen = pick_entries(entries, 8)
-    assert len({tuple(sorted(e["involved_classes"])) for e in chosen}) == 4  # every class set with <= 24 tools
+    # every class set with <= 24 tools
+    assert len({tuple(sorted(e["involved_classes"])) for e in chosen}) == 4
     assert all(len(bfcl.entry_tools(e)) <= 24 for e in chosen)
     stub = bfcl_episode_stub(chosen[0], "base", 2)
     assert len([t for t in stub.turns if t.role == "user"]) == 2
@@ -156,8 +162,10 @@ def _other_format(fmt: str, assistant: str) -> dict:
 
 
 @pytest.mark.parametrize("fmt, assistant, message", [
-    ("code_agent", "I will run it: print(1)", r"turns\[1\]: .* has no '```' or '<code>' \(format 'code_agent'\)"),
-    ("react", 'Thought: go\nAction Input: {"folder":"docs"}', r"turns\[1\]: .* has no 'Action:' \(format 'react'\)"),
+    ("code_agent", "I will run it: print(1)",
+     r"turns\[1\]: .* has no '```' or '<code>' \(format 'code_agent'\)"),
+    ("react", 'Thought: go\nAction Input: {"folder":"docs"}',
+     r"turns\[1\]: .* has no 'Action:' \(format 'react'\)"),
     ("react", "Thought: go\nAction: cd\n", r"turns\[1\]: .* has no 'Action Input:' \(format 'react'\)"),
 ])
 def test_turns_must_follow_their_format(tmp_path, fmt, assistant, message):

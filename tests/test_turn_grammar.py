@@ -24,13 +24,15 @@ REGISTRY = ToolRegistry([search, get_weather])
 
 SAMPLES = {
     "tool_calls": [
-        ('I will search.<tool_call>{"name":"search","arguments":{"query":"a </tool_call> Observation: x"}}</tool_call>', True),
+        ('I will search.<tool_call>{"name":"search","arguments":{"query":"a </tool_call> Observation: x"}}'
+         '</tool_call>', True),
         ('<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris","unit":"f"}}\n</tool_call>\n'
          '<tool_call>{"name":"search","arguments":{"query":"x","k":2}}</tool_call>', True),
         ("Just an answer, no call.", True),
         ('bad <tool_call>{"name":"nope","arguments":{}}</tool_call>', False),  # unknown tool
         ('bad <tool_call>{"name":"search","arguments":{"query":3}}</tool_call>', False),  # wrong type
-        ('<tool_call>{"name":"search","arguments":{"query":"x","extra":1}}</tool_call>', False),  # closed object
+        # closed object
+        ('<tool_call>{"name":"search","arguments":{"query":"x","extra":1}}</tool_call>', False),
         ('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>', False),  # not compact
         ('ok <tool_call>{"name":"search","arguments":{"query":"x"}}</tool_call> then more text', False),
         ("x <tool_response>", False),  # the environment's segment
@@ -111,7 +113,8 @@ def test_llguidance_compiles_and_agrees_on_real_tokens(ll_tokenizer, hf_tokenize
     import llguidance
 
     grammar = turn_grammar(FORMATS[fmt_name], REGISTRY)
-    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar), ll_tokenizer) == ""
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar),
+                                                 ll_tokenizer) == ""
     for text, ok in SAMPLES[fmt_name]:
         assert _llg_accepts(ll_tokenizer, hf_tokenizer, grammar, text)[0] is ok, text
 
@@ -131,13 +134,15 @@ def test_react_turn_ends_where_the_observation_would_begin(ll_tokenizer, hf_toke
     import llguidance.numpy
 
     grammar = turn_grammar(REACT, REGISTRY)
-    ok, matcher = _llg_accepts(ll_tokenizer, hf_tokenizer, grammar, 'Thought: go\nAction: search\nAction Input: {"query":"q"}\n')
+    ok, matcher = _llg_accepts(ll_tokenizer, hf_tokenizer, grammar,
+                               'Thought: go\nAction: search\nAction Input: {"query":"q"}\n')
     assert ok
     mask = llguidance.numpy.allocate_token_bitmask(1, ll_tokenizer.vocab_size)
     llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
     bits = [(int(mask[0, i // 32]) >> (i % 32)) & 1 for i in range(ll_tokenizer.vocab_size)]
     assert [i for i, b in enumerate(bits) if b] == [ll_tokenizer.eos_token]
-    assert not llguidance.LLMatcher(ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar)).is_accepting()
+    assert not llguidance.LLMatcher(ll_tokenizer,
+                                    llguidance.LLMatcher.grammar_from_lark(grammar)).is_accepting()
 
 
 def test_grammar_text_is_byte_stable():
@@ -161,7 +166,8 @@ def test_tool_call_grammar_is_the_call_object(ll_tokenizer, hf_tokenizer):
 
 
 def test_tool_choice_variants(lark_parsers):
-    required = lark.Lark(turn_grammar(TOOL_CALLS, REGISTRY, tool_choice="required", dialect="lark"), parser="earley")
+    required = lark.Lark(turn_grammar(TOOL_CALLS, REGISTRY, tool_choice="required", dialect="lark"),
+                         parser="earley")
     assert not _lark_accepts(required, "Just text.")
     assert _lark_accepts(required, '<tool_call>{"name":"search","arguments":{"query":"x"}}</tool_call>')
     none = lark.Lark(turn_grammar(TOOL_CALLS, REGISTRY, tool_choice="none", dialect="lark"), parser="earley")
@@ -183,7 +189,8 @@ def test_special_token_markers_use_llguidance_token_syntax():
 
 
 def test_unsupported_tool_schema_names_the_tool():
-    reg = ToolRegistry([{"name": "odd", "parameters": {"type": "object", "properties": {"x": {"not": {"type": "string"}}}}}])
+    reg = ToolRegistry([{"name": "odd",
+                         "parameters": {"type": "object", "properties": {"x": {"not": {"type": "string"}}}}}])
     with pytest.raises(SchemaNotSupported, match="tool 'odd' parameters") as info:
         turn_grammar(TOOL_CALLS, reg)
     assert info.value.pointer.startswith("/properties/x")
@@ -200,8 +207,10 @@ def test_user_format_reuses_a_layout(ll_tokenizer, hf_tokenizer):
         "name": "invoke_agent", "initial": "plan", "layout": "tool_calls", "stop": ["<output>"],
         "kinds": [
             {"name": "plan", "law_class": "R"},
-            {"name": "tool_call", "law_class": "S", "open": ["<invoke>"], "close": ["</invoke>"], "content": "json"},
-            {"name": "output", "law_class": "F", "writer": "env", "open": ["<output>"], "close": ["</output>"]},
+            {"name": "tool_call", "law_class": "S", "open": ["<invoke>"], "close": ["</invoke>"],
+             "content": "json"},
+            {"name": "output", "law_class": "F", "writer": "env", "open": ["<output>"],
+             "close": ["</output>"]},
         ],
     })
     text = 'plan<invoke>{"name":"search","arguments":{"query":"<output>"}}</invoke>'
@@ -215,7 +224,8 @@ def test_user_format_reuses_a_layout(ll_tokenizer, hf_tokenizer):
 def test_parse_tool_calls_turn():
     text = SAMPLES["tool_calls"][1][0] + "<tool_response>ignored</tool_response>"
     assert parse_turn(TOOL_CALLS, text) == ParsedTurn(
-        "", [ToolCall("get_weather", {"city": "Paris", "unit": "f"}), ToolCall("search", {"query": "x", "k": 2})]
+        "", [ToolCall("get_weather", {"city": "Paris", "unit": "f"}),
+             ToolCall("search", {"query": "x", "k": 2})]
     )
     first = parse_turn(TOOL_CALLS, SAMPLES["tool_calls"][0][0])
     assert first.reasoning == "I will search."
@@ -243,10 +253,12 @@ def test_parse_code_turn():
 @pytest.mark.parametrize(
     ("fmt", "text", "message"),
     [
-        (TOOL_CALLS, '<tool_call>{"name":"f","arguments":{"a":}}</tool_call>', r"tool call #1 at offset 0: malformed JSON"),
+        (TOOL_CALLS, '<tool_call>{"name":"f","arguments":{"a":}}</tool_call>',
+         r"tool call #1 at offset 0: malformed JSON"),
         (TOOL_CALLS, '<tool_call>{"arguments":{}}</tool_call>', "missing or non-string 'name'"),
         (TOOL_CALLS, '<tool_call>{"name":"f","arguments":[1]}</tool_call>', "must be a JSON object"),
-        (REACT, "Action: search\nAction Input: {oops}", "action input of 'search' at offset 15: malformed JSON"),
+        (REACT, "Action: search\nAction Input: {oops}",
+         "action input of 'search' at offset 15: malformed JSON"),
         (REACT, "Action: search\n", "has no action input"),
         (REACT, "Action: \nAction Input: {}", "names no tool"),
     ],
@@ -259,5 +271,6 @@ def test_parse_errors_are_clear(fmt, text, message):
 def test_names_work_where_formats_do():
     assert turn_grammar("tool_calls", REGISTRY) == turn_grammar(TOOL_CALLS, REGISTRY)
     assert parse_turn("react", " I know.\nFinal Answer: 42").final_answer == "42"
-    prose = AgentFormat.from_dict({"name": "prose_x", "initial": "p", "kinds": [{"name": "p", "law_class": "F"}]})
+    prose = AgentFormat.from_dict({"name": "prose_x", "initial": "p",
+                                   "kinds": [{"name": "p", "law_class": "F"}]})
     assert parse_turn(prose, " free text ") == ParsedTurn("", [], "free text")
