@@ -46,7 +46,8 @@ CASES = [
      ['{"age":3}', '{"name":"bob","age":150,"tags":["a",1],"score":0.5}', '{"age":0,"tags":[]}',
       '{"name":"b\\"\\\\","age":1}', '{"age":1,"score":1e3}' if False else '{"age":1,"score":10}'],
      ['{"age":151}', '{"age":-1}', '{"name":"","age":1}', '{"name":"bobbie","age":1}', '{"age":1,"score":0}',
-      '{"age":1,"tags":["a","a","a"]}', '{"age":1,"x":1}', '{"age":1,"name":"bob"}', '{"age": 1}', '{"age":01}']),
+      '{"age":1,"tags":["a","a","a"]}', '{"age":1,"x":1}', '{"age":1,"name":"bob"}', '{"age": 1}',
+      '{"age":01}']),
     ({"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "null"}], "items": False},
      ["[]", "[true]", "[false,null]"], ["[null]", "[true,null,1]", "[true,]"]),
     ({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
@@ -57,44 +58,57 @@ CASES = [
     ({"type": ["string", "null"], "pattern": "^[a-z]+\\d?$"},
      ['"abc"', '"ab1"', "null"], ['"ab12"', '"Abc"', '""', "1"]),
     ({"type": "string", "pattern": 'a"b'}, ['"a\\"b"', '"xxa\\"byy"'], ['"ab"', '"a\\\\b"']),
-    ({"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "maxLength": 4}, ['"a"', '"ab_1"'], ['"ab_12"', '"1a"']),
+    ({"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "maxLength": 4}, ['"a"', '"ab_1"'],
+     ['"ab_12"', '"1a"']),
     ({"type": "object", "properties": {"a": {"type": "integer"}}},
-     ["{}", '{"a":1}', '{"a":1,"b":"x"}', '{"b":[{}]}', '{"ab":1}'], ['{"a":"x"}', '{"b":1,"a":1}', '{"a":1,"a":2}']),
-    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}, "additionalProperties": False},
+     ["{}", '{"a":1}', '{"a":1,"b":"x"}', '{"b":[{}]}', '{"ab":1}'],
+     ['{"a":"x"}', '{"b":1,"a":1}', '{"a":1,"a":2}']),
+    ({"type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+      "additionalProperties": False},
      ["{}", '{"b":1}', '{"a":1,"c":2}', '{"a":1,"b":2,"c":3}'], ['{"c":1,"a":2}', '{,"b":1}', '{"a":1,}']),
     ({"type": "object", "required": ["z"], "additionalProperties": {"type": "boolean"}},
      ['{"z":true}', '{"z":false,"y":true}'], ["{}", '{"z":1}', '{"y":true,"z":true}']),
-    ({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}, "v": {"type": "integer"}}, "required": ["v"], "additionalProperties": False}},
+    ({"$defs": {"node": {"type": "object",
+                         "properties": {"next": {"$ref": "#/$defs/node"}, "v": {"type": "integer"}},
+                         "required": ["v"], "additionalProperties": False}},
       "$ref": "#/$defs/node"},
      ['{"next":{"v":2},"v":1}', '{"next":{"next":{"v":3},"v":2},"v":1}'], ['{"next":{},"v":1}']),
     ({"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False,
-      "allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"a": {"minimum": 5}, "b": {"type": "string"}}}]},
+      "allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"a": {"minimum": 5}, "b": {"type": "string"}}}]},
      ['{"a":5}', '{"a":9,"b":"x"}'], ['{"a":4}', '{"b":"x"}', '{"a":5,"c":1}', "[]"]),
-    ({"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}], "additionalProperties": False},
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}],
+      "additionalProperties": False},
      ["[]", "1"], ['{"a":5}', "{}"]),
     ({"anyOf": [{"type": "integer", "maximum": 3}, {"type": "string", "format": "date"}]},
      ["3", "-7", '"2024-02-29"'], ["4", '"2024-13-01"', '"2024-1-01"']),
     ({"oneOf": [{"type": "integer"}, {"type": "boolean"}]}, ["1", "true"], ['"x"']),
-    ({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "additionalProperties": False,
+    ({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+      "additionalProperties": False,
       "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
      ['{"a":1}', '{"b":2}'], ["{}", '{"a":1,"b":2}']),
     ({"type": "number", "minimum": 0.25, "exclusiveMaximum": 1.5},
      ["0.25", "0.5", "1", "1.4999"], ["0.2499", "1.5", "2", "-0.3"]),
     ({"type": "integer", "exclusiveMinimum": -20, "maximum": 1234},
      ["-19", "0", "999", "1234"], ["-20", "1235", "-0", "1.0"]),
-    ({"type": "string", "format": "date-time"}, ['"2024-05-01T12:30:00Z"', '"2024-05-01T12:30:00.5+02:00"'], ['"2024-05-01 12:30:00"']),
+    ({"type": "string", "format": "date-time"}, ['"2024-05-01T12:30:00Z"', '"2024-05-01T12:30:00.5+02:00"'],
+     ['"2024-05-01 12:30:00"']),
     ({"type": "string", "format": "uuid"}, ['"123e4567-e89b-12d3-a456-426614174000"'], ['"123e4567"']),
     ({"type": "string", "format": "email"}, ['"a.b@example.com"'], ['"ab@"', '"a b@x.org"']),
     ({"type": "string", "format": "ipv4"}, ['"192.168.0.255"'], ['"256.1.1.1"', '"1.2.3"']),
     ({"type": "string", "format": "uri"}, ['"https://x.org/a?b=c"'], ['"no scheme"']),
     ({"type": "string", "format": "time"}, ['"23:59:60Z"'], ['"24:00:00Z"']),
-    ({"type": "object", "patternProperties": {"^x-[a-z]+$": {"type": "integer"}}, "additionalProperties": False},
+    ({"type": "object", "patternProperties": {"^x-[a-z]+$": {"type": "integer"}},
+      "additionalProperties": False},
      ["{}", '{"x-a":1,"x-bc":2}'], ['{"y":1}', '{"x-a":"1"}']),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1, "additionalProperties": False},
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1,
+      "additionalProperties": False},
      ['{"a":1}'], ["{}"]),
     ({"type": "string", "nullable": True, "minLength": 2}, ['"ab"', "null"], ['"a"']),
     ({"type": "string", "maxLength": 3}, ['"é日本"', '"\\n\\t\\u0001"'], ['"abcd"', '"\\u0041"', '"\\/"']),
-    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+    ({"type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
       "dependencies": {"a": ["b"], "c": {"required": ["a"]}}, "additionalProperties": False},
      ["{}", '{"b":1}', '{"a":1,"b":2}', '{"a":1,"b":1,"c":1}'], ['{"a":1}', '{"c":1}', '{"b":1,"c":1}']),
     ({"type": "string", "format": "hostname"}, ['"api.example-1.com"'], ['"-bad.com"', '"a..b"']),
@@ -125,20 +139,24 @@ def test_grammar_matches_exactly_the_canonical_instances(checker, schema, valid,
     """Under every judge: python lark, llguidance (SmolLM2's tokens), xgrammar (EBNF rendering)."""
     for text, verdicts in verdicts_of(checker, schema, valid + invalid).items():
         expected = text in valid
-        assert set(verdicts.values()) == {expected}, f"{text} should be {'accepted' if expected else 'rejected'}: {verdicts}"
+        assert set(verdicts.values()) == {expected}, \
+            f"{text} should be {'accepted' if expected else 'rejected'}: {verdicts}"
 
 
 def test_property_order_is_deterministic_and_follows_the_schema():
-    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": ["a", "b"]}
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
+              "required": ["a", "b"]}
     assert compile_schema(schema) == compile_schema(json.loads(json.dumps(schema)))
     grammar = compile_schema(schema)
     assert accepts(grammar, '{"b":1,"a":2}') and not accepts(grammar, '{"a":2,"b":1}')
 
 
 def test_flexible_whitespace_policy():
-    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]}
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a"]}
     grammar = compile_schema(schema, whitespace="flexible")
-    assert accepts(grammar, '{ "a" : [ 1 , 2 ] }') and accepts(grammar, '{"a":[]}') and accepts(grammar, '{\n  "a": [1]\n}')
+    assert (accepts(grammar, '{ "a" : [ 1 , 2 ] }') and accepts(grammar, '{"a":[]}')
+            and accepts(grammar, '{\n  "a": [1]\n}'))
     assert not accepts(compile_schema(schema), '{ "a":[1]}')
     with pytest.raises(ValueError, match="whitespace"):
         compile_schema(schema, whitespace="pretty")
@@ -178,7 +196,8 @@ def test_unsupported_keywords_name_their_pointer():
 
 
 def test_annotations_and_unknown_keywords_are_ignored():
-    schema = {"type": "integer", "title": "t", "description": "d", "default": 1, "examples": [1], "x-vendor": {"a": 1}}
+    schema = {"type": "integer", "title": "t", "description": "d", "default": 1, "examples": [1],
+              "x-vendor": {"a": 1}}
     assert compile_schema(schema) == compile_schema({"type": "integer"})
 
 
@@ -190,8 +209,10 @@ def test_canonical_literal():
 
 
 def test_schema_rules_are_prefixed_and_compose_in_one_grammar():
-    first = schema_rules({"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}, "tool_a")
-    second = schema_rules({"type": "object", "properties": {"y": {"type": "integer"}}, "required": ["y"]}, "tool_b")
+    first = schema_rules({"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+                         "tool_a")
+    second = schema_rules({"type": "object", "properties": {"y": {"type": "integer"}}, "required": ["y"]},
+                          "tool_b")
     for rules, prefix in ((first, "tool_a"), (second, "tool_b")):
         assert rules.root.startswith(prefix)
         for line in rules.lark.splitlines() + rules.gbnf.splitlines():
@@ -207,7 +228,8 @@ def test_schema_rules_are_prefixed_and_compose_in_one_grammar():
 
 
 def test_flexible_whitespace_compiles_in_both_engines(checker):
-    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]}
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a"]}
     lark_text = compile_schema(schema, whitespace="flexible")
     gbnf_text = compile_schema_gbnf(schema, whitespace="flexible")
     assert checker.llguidance_accepts(lark_text, '{ "a": [1, 2] }')
@@ -254,12 +276,14 @@ def test_malformed_schemas_raise_invalid_schema_with_pointer(schema, pointer):
 
 
 def test_recursion_without_finite_instance_is_an_error():
-    schema = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
+    schema = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
+                              "required": ["next"]}},
               "$ref": "#/$defs/n"}
     with pytest.raises(InvalidSchema, match="no instance"):
         compile_schema(schema)
     with pytest.raises(SchemaNotSupported, match="cycle"):
-        compile_schema({"$defs": {"a": {"$ref": "#/$defs/b", "type": "object"}, "b": {"$ref": "#/$defs/a", "type": "object"}},
+        compile_schema({"$defs": {"a": {"$ref": "#/$defs/b", "type": "object"},
+                                  "b": {"$ref": "#/$defs/a", "type": "object"}},
                         "$ref": "#/$defs/a", "minimum": 1})
 
 
@@ -288,11 +312,14 @@ def test_huge_enum_is_refused_quickly():
 def test_ten_thousand_properties_compile_in_bounded_time():
     props = {f"p{i}": {"type": "integer"} for i in range(10_000)}
     start = time.perf_counter()
-    rules = schema_rules({"type": "object", "properties": props, "required": ["p0"], "additionalProperties": False}, "big")
+    rules = schema_rules({"type": "object", "properties": props, "required": ["p0"],
+                          "additionalProperties": False}, "big")
     assert time.perf_counter() - start < 60
     assert rules.lark.count('"\\"p') == 10_000
-    optional_only = schema_rules({"type": "object", "properties": props, "additionalProperties": False}, "big")
-    assert optional_only.lark.count("\n") < 60_000  # shared tail rules: linear (a few lines per key), not quadratic
+    optional_only = schema_rules({"type": "object", "properties": props, "additionalProperties": False},
+                                 "big")
+    # shared tail rules: linear (a few lines per key), not quadratic
+    assert optional_only.lark.count("\n") < 60_000
 
 
 def test_bool_schemas():
@@ -311,11 +338,14 @@ D2020 = "https://json-schema.org/draft/2020-12/schema"
 
 DIALECT_CASES = [
     # $ref siblings: ignored before 2019-09, applied from 2019-09 on
-    ({"$schema": D7, "definitions": {"r": {"type": "array"}}, "properties": {"foo": {"$ref": "#/definitions/r", "maxItems": 2}}},
+    ({"$schema": D7, "definitions": {"r": {"type": "array"}},
+      "properties": {"foo": {"$ref": "#/definitions/r", "maxItems": 2}}},
      ['{"foo":[1,2,3]}', '{"foo":[]}', '{"foo":1}']),
-    ({"$schema": D2019, "$defs": {"r": {"type": "array"}}, "properties": {"foo": {"$ref": "#/$defs/r", "maxItems": 2}}},
+    ({"$schema": D2019, "$defs": {"r": {"type": "array"}},
+      "properties": {"foo": {"$ref": "#/$defs/r", "maxItems": 2}}},
      ['{"foo":[1,2,3]}', '{"foo":[]}', '{"foo":1}']),
-    ({"$schema": D4, "definitions": {"r": {"type": "integer"}}, "$ref": "#/definitions/r", "minimum": 5}, ["1", "7", '"x"']),
+    ({"$schema": D4, "definitions": {"r": {"type": "integer"}}, "$ref": "#/definitions/r", "minimum": 5},
+     ["1", "7", '"x"']),
     # dependencies: drafts 4 to 7; 2019-09 and 2020-12 ignore it
     ({"$schema": D7, "dependencies": {"bar": ["foo"]}}, ['{"bar":1}', '{"bar":1,"foo":2}', '{"foo":2}']),
     ({"$schema": D2020, "dependencies": {"bar": ["foo"]}}, ['{"bar":1}', '{"bar":1,"foo":2}']),
@@ -323,9 +353,11 @@ DIALECT_CASES = [
     ({"$schema": D7, "dependentRequired": {"bar": ["foo"]}}, ['{"bar":1}']),
     ({"$schema": D2019, "dependentRequired": {"bar": ["foo"]}}, ['{"bar":1}', '{"bar":1,"foo":2}']),
     # items: the array form (with additionalItems) up to 2019-09; prefixItems from 2020-12
-    ({"$schema": D2019, "items": [{"type": "integer"}], "additionalItems": False}, ["[1]", "[1,2]", '["x"]', "[]"]),
+    ({"$schema": D2019, "items": [{"type": "integer"}], "additionalItems": False},
+     ["[1]", "[1,2]", '["x"]', "[]"]),
     ({"$schema": D2019, "prefixItems": [{"type": "integer"}]}, ['["x"]', "[1]"]),
-    ({"$schema": D2020, "prefixItems": [{"type": "integer"}], "additionalItems": False}, ['["x"]', "[1]", "[1,2]"]),
+    ({"$schema": D2020, "prefixItems": [{"type": "integer"}], "additionalItems": False},
+     ['["x"]', "[1]", "[1,2]"]),
     # const from draft 6; if/then/else from draft 7 (before: annotations)
     ({"$schema": D4, "const": 1}, ["1", "2"]),
     ({"$schema": D6, "const": 1}, ["1", "2"]),
@@ -341,7 +373,8 @@ def test_schema_keyword_decides_the_draft_semantics(checker, schema, texts):
     validator = jsonschema.validators.validator_for(schema)(schema)
     for text, verdicts in verdicts_of(checker, schema, texts).items():
         expected = validator.is_valid(json.loads(text))
-        assert set(verdicts.values()) == {expected}, f"{text}: valid={expected} under {validator.__class__.__name__}, judges {verdicts}"
+        assert set(verdicts.values()) == {expected}, \
+            f"{text}: valid={expected} under {validator.__class__.__name__}, judges {verdicts}"
 
 
 def test_draft_specific_refusals_name_their_pointer():
@@ -392,9 +425,11 @@ CANONICAL_SCHEMA = {
 
 @pytest.mark.parametrize("value, canonical, non_canonical", [
     ({"z": 1, "b": 1e-05, "a": 2.0}, '{"b":0.00001,"a":2,"z":1}',
-     ['{"b":1e-05,"a":2,"z":1}', '{"b":0.00001,"a":2,"z":1.0}', '{"a":2,"b":0.00001,"z":1}', '{"b":0.00001, "a":2,"z":1}']),
+     ['{"b":1e-05,"a":2,"z":1}', '{"b":0.00001,"a":2,"z":1.0}', '{"a":2,"b":0.00001,"z":1}',
+      '{"b":0.00001, "a":2,"z":1}']),
     ({"q": 3, "z": 1, "c": 2}, '{"c":2,"z":1,"q":3}', ['{"z":1,"c":2,"q":3}', '{"c":2,"q":3,"z":1}']),
-    ({"s": "x/\u00e9", "z": 1}, '{"s":"x/\u00e9","z":1}', ['{"s":"x\\/\u00e9","z":1}', '{"s":"x/\\u00e9","z":1}']),
+    ({"s": "x/\u00e9", "z": 1}, '{"s":"x/\u00e9","z":1}',
+     ['{"s":"x\\/\u00e9","z":1}', '{"s":"x/\\u00e9","z":1}']),
 ])
 def test_canonical_texts_are_the_forms_the_grammar_accepts(checker, value, canonical, non_canonical):
     """Each documented canonical form (key order: properties, merged allOf members, required, the
@@ -409,7 +444,8 @@ def test_canonical_texts_are_the_forms_the_grammar_accepts(checker, value, canon
 
 
 def test_canonical_texts_give_one_text_per_branch_order():
-    schema = {"anyOf": [{"properties": {"b": {}, "a": {}}}, {"properties": {"a": {}, "b": {}}, "required": ["a"]}]}
+    schema = {"anyOf": [{"properties": {"b": {}, "a": {}}},
+                        {"properties": {"a": {}, "b": {}}, "required": ["a"]}]}
     texts = canonical_texts(schema, {"a": 1, "b": 2})
     assert texts == ['{"b":2,"a":1}', '{"a":1,"b":2}']
     assert canonical_texts({"dependencies": {"bar": ["foo"]}}, {"foo": 1, "bar": 2}) == ['{"bar":2,"foo":1}']
@@ -431,26 +467,34 @@ def test_oneof_literal_against_a_typed_branch_is_exclusive_only_when_provably_so
 
 UNEVALUATED_CASES = [
     ({"properties": {"foo": {"type": "string"}}, "allOf": [{"properties": {"bar": {"type": "string"}}}],
-      "unevaluatedProperties": False}, ['{"foo":"a","bar":"b"}', '{"foo":"a","bar":"b","baz":"c"}', '{"foo":"a"}']),
-    ({"properties": {"foo": {"type": "string"}}, "allOf": [{"additionalProperties": True}], "unevaluatedProperties": False},
+      "unevaluatedProperties": False},
+     ['{"foo":"a","bar":"b"}', '{"foo":"a","bar":"b","baz":"c"}', '{"foo":"a"}']),
+    ({"properties": {"foo": {"type": "string"}}, "allOf": [{"additionalProperties": True}],
+      "unevaluatedProperties": False},
      ['{"foo":"a","bar":1}']),
     ({"$defs": {"b": {"properties": {"bar": {"type": "string"}}}}, "$ref": "#/$defs/b",
       "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": {"type": "integer"}},
      ['{"foo":"a","bar":"b"}', '{"foo":"a","x":1}', '{"foo":"a","x":"1"}']),
     ({"properties": {"foo": {"type": "string"}}, "oneOf": [
         {"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
-        {"properties": {"kind": {"const": "b"}, "y": {"type": "integer"}}, "required": ["kind"]}], "unevaluatedProperties": False},
-     ['{"foo":"a","kind":"a","x":1}', '{"kind":"b","y":2}', '{"kind":"a","y":2}', '{"kind":"b","x":1,"q":1}']),
-    ({"properties": {"foo2": {}}, "dependentSchemas": {"foo": {}, "foo2": {"properties": {"bar": {}}}}, "unevaluatedProperties": False},
+        {"properties": {"kind": {"const": "b"}, "y": {"type": "integer"}}, "required": ["kind"]}],
+      "unevaluatedProperties": False},
+     ['{"foo":"a","kind":"a","x":1}', '{"kind":"b","y":2}', '{"kind":"a","y":2}',
+      '{"kind":"b","x":1,"q":1}']),
+    ({"properties": {"foo2": {}}, "dependentSchemas": {"foo": {}, "foo2": {"properties": {"bar": {}}}},
+      "unevaluatedProperties": False},
      ['{"foo":""}', '{"foo2":"","bar":""}', '{"bar":""}']),
-    ({"prefixItems": [{"type": "string"}], "allOf": [{"prefixItems": [True, {"type": "number"}]}], "unevaluatedItems": False},
+    ({"prefixItems": [{"type": "string"}], "allOf": [{"prefixItems": [True, {"type": "number"}]}],
+      "unevaluatedItems": False},
      ['["a",1]', '["a",1,true]', '["a"]']),
     ({"items": {"type": "number"}, "unevaluatedItems": {"type": "string"}}, ["[1,2]", '[1,"x"]']),
-    ({"prefixItems": [{"const": "foo"}], "unevaluatedItems": {"type": "boolean"}}, ['["foo",true]', '["foo",1]']),
+    ({"prefixItems": [{"const": "foo"}], "unevaluatedItems": {"type": "boolean"}},
+     ['["foo",true]', '["foo",1]']),
 ]
 
 
-@pytest.mark.parametrize("schema, texts", UNEVALUATED_CASES, ids=[str(i) for i in range(len(UNEVALUATED_CASES))])
+@pytest.mark.parametrize("schema, texts", UNEVALUATED_CASES,
+                         ids=[str(i) for i in range(len(UNEVALUATED_CASES))])
 def test_unevaluated_keywords_where_the_merged_scope_is_exact(checker, schema, texts):
     """unevaluated* as additionalProperties/items of the merged schema, where the merge keeps the
     evaluated set (allOf, $ref siblings, exclusive branches): verdicts equal jsonschema's 2020-12."""
@@ -465,8 +509,10 @@ def test_unevaluated_keywords_where_the_merged_scope_is_exact(checker, schema, t
 
 @pytest.mark.parametrize("schema, pointer", [
     ({"allOf": [{"properties": {"foo": True}}, {"unevaluatedProperties": False}]}, "/unevaluatedProperties"),
-    ({"anyOf": [{"properties": {"a": True}}, {"properties": {"b": True}}], "unevaluatedProperties": False}, "/unevaluatedProperties"),
-    ({"prefixItems": [True], "anyOf": [{"prefixItems": [True, True]}, {"prefixItems": [True, {"type": "string"}]}],
+    ({"anyOf": [{"properties": {"a": True}}, {"properties": {"b": True}}], "unevaluatedProperties": False},
+     "/unevaluatedProperties"),
+    ({"prefixItems": [True],
+      "anyOf": [{"prefixItems": [True, True]}, {"prefixItems": [True, {"type": "string"}]}],
       "unevaluatedItems": False}, "/unevaluatedItems"),
 ])
 def test_unevaluated_keywords_the_merge_cannot_express_are_refused(schema, pointer):
