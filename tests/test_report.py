@@ -30,11 +30,13 @@ def log(ep="e", seg=0, step=0, records=(), tokens=None, decode_s=1.0, prompt_has
     return TurnLog(episode=ep, segment=seg, step=step, text="x" * n, output_tokens=n, prompt_tokens=50,
                    tokens_by_class=dict(tokens), acceptance={}, records=[dict(r) for r in records],
                    timings={"decode_s": decode_s, "prefill_s": 0.2, "e2e_s": decode_s + 0.2},
-                   finish_reason="stop", error=None, token_ids=token_ids or list(range(n)), prompt_hash=prompt_hash)
+                   finish_reason="stop", error=None, token_ids=token_ids or list(range(n)),
+                   prompt_hash=prompt_hash)
 
 
 def rec(cls, drafted, accepted, source="forced"):
-    return {"law_class": cls, "kind": "k", "source": source, "drafted": drafted, "accepted": accepted, "position": 0}
+    return {"law_class": cls, "kind": "k", "source": source, "drafted": drafted, "accepted": accepted,
+            "position": 0}
 
 
 def spec_records():
@@ -83,7 +85,8 @@ def test_report_structure_speedup_and_law():
     g = run["predicted"]["gamma"]
     assert g == round(run["drafted"] / run["rounds"])  # the mean drafted length, not gamma_max
     assert run["predicted"]["tau"] == pytest.approx(float(law.tau(g, eps)))
-    assert run["predicted"]["saving"] == pytest.approx(float(law.saving(g, law.tau(g, eps), lw["delta"], lw["d"])))
+    assert run["predicted"]["saving"] == pytest.approx(
+        float(law.saving(g, law.tau(g, eps), lw["delta"], lw["d"])))
     # per class at its own drafted length (S drafts 8 per round, R and F 4), weighted by its rounds
     params = law.LawParams(lw["kappa"], lw["delta"], lw["d"])
     by = law.tau_by_class(params, mix, 8)["S"] * 40 + (law.tau_by_class(params, mix, 4)["R"]
@@ -99,8 +102,8 @@ def test_report_structure_speedup_and_law():
     assert "| D | structure | 8 | 8 | on | all |" in markdown(rep)
 
 
-TERMS = {"base": 0.03, "row": 0.004, "grammar": 0.0006, "verified": 0.002, "verified_ctx": 0.0008, "schema": 0.0005,
-         "prefill": 0.0001, "ctx": 0.002}
+TERMS = {"base": 0.03, "row": 0.004, "grammar": 0.0006, "verified": 0.002, "verified_ctx": 0.0008,
+         "schema": 0.0005, "prefill": 0.0001, "ctx": 0.002}
 
 
 def engine_passes(n=300, seed=0, drafts=True, t0=1000.0):
@@ -118,7 +121,8 @@ def engine_passes(n=300, seed=0, drafts=True, t0=1000.0):
         k, kctx, ks = (made or (0, 0, 0))
         new_k = int(rng.integers(0, 6 * rows + 1)) if drafts else 0
         prop = (0.0005 + 0.0001 * rows + 0.00002 * new_k) if drafts else 0.0
-        s = (TERMS["base"] + TERMS["row"] * rows + TERMS["grammar"] * grammar + TERMS["verified"] * k + TERMS["verified_ctx"] * kctx / 1000
+        s = (TERMS["base"] + TERMS["row"] * rows + TERMS["grammar"] * grammar + TERMS["verified"] * k
+             + TERMS["verified_ctx"] * kctx / 1000
              + TERMS["schema"] * ks + TERMS["prefill"] * prefill + TERMS["ctx"] * ctx / 1000 + prop
              + rng.normal(0, 0.0005))
         passes.append({"t": t, "s": s, "rows": rows, "tokens": rows, "ctx": ctx, "prefill": prefill, "new": 0,
@@ -222,7 +226,8 @@ def test_class_entropies_on_the_real_model():
 
     hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model())
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    prompt = hf_tokenizer.encode(hf_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    prompt = hf_tokenizer.encode(hf_tokenizer.apply_chat_template(msgs, tokenize=False,
+                                                                  add_generation_prompt=True))
     text = 'Paris. <tool_call>{"name":"f","arguments":{}}</tool_call>'
     out = hf_tokenizer.encode(text)
     spans = [{"start": 0, "end": 7, "law_class": "R"}, {"start": 7, "end": len(text), "law_class": "S"}]
@@ -247,13 +252,14 @@ def test_headline_compares_structure_with_the_best_stock_drafter():
     from agentspec_sdk.replay.cli import headline
 
     def run(arm, mode, gamma, tok_s, passes, drafted):
-        return {"arm": arm, "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True, "decode_tok_s": tok_s,
-                "passes": passes, "drafted": drafted, "cost": passes + 0.1 * drafted,
+        return {"arm": arm, "mode": mode, "gamma": gamma, "batch": 8, "prefix_cache": True,
+                "decode_tok_s": tok_s, "passes": passes, "drafted": drafted, "cost": passes + 0.1 * drafted,
                 "oracle_cost": 50 + 0.1 * 150}
 
     runs = [run("D", "off", 8, 10.0, 200, 0), run("D", "ngram", 8, 14.0, 120, 100),
             run("D", "suffix", 8, 15.0, 110, 100), run("D", "structure", 8, 21.0, 80, 120),
-            run("A", "off", 8, 10.0, 100, 0), run("A", "suffix", 8, 10.5, 98, 10), run("A", "structure", 8, 9.9, 100, 0)]
+            run("A", "off", 8, 10.0, 100, 0), run("A", "suffix", 8, 10.5, 98, 10),
+            run("A", "structure", 8, 9.9, 100, 0)]
     rep = {"primary": {"batch": 8, "gamma": 8}, "verdicts": [], "peers": accounting.peer_table(runs)}
     lines = headline(rep)
     arm_a, arm_d = lines
