@@ -68,7 +68,8 @@ class RemoteEngine(EngineBase):
     def __init__(self, base_url: str, model: str | None = None, api_key: str = "EMPTY", *,
                  timeout: float = 120.0, max_retries: int = 6, retry_deadline_s: float = 300.0,
                  backoff_s: float = 0.5, max_backoff_s: float = 10.0, records_path: str | Path | None = None,
-                 metrics_urls: list[str] | None = None, tools: Any = None, plan_path: str | Path | None = None,
+                 metrics_urls: list[str] | None = None, tools: Any = None,
+                 plan_path: str | Path | None = None,
                  max_workers: int = 64, ledger_size: int = 100_000):
         if not re.match(r"^https?://[^/\s]+", base_url or ""):
             raise BackendError(f"server URL must look like http://host:port, got {base_url!r}")
@@ -181,7 +182,8 @@ class RemoteEngine(EngineBase):
         except openai.BadRequestError as exc:  # this request only (e.g. the grammar does not compile)
             return self._error_result(req, request_id, f"server rejected the request: {_short(exc)}", started)
         if not isinstance(data, dict):
-            raise MalformedResponse(f"malformed response: body should be a JSON object, got {type(data).__name__}")
+            raise MalformedResponse("malformed response: body should be a JSON object, got "
+                                    f"{type(data).__name__}")
         field(data, "choices.0", dict)
         text = field(data, "choices.0.message.content", str, optional=True) or ""
         token_ids = int_list(data, "choices.0.token_ids")
@@ -264,7 +266,8 @@ class RemoteEngine(EngineBase):
         try:
             turn = self._prepare(req)
         except Exception as exc:  # a bad turn fails alone, as in submit()
-            yield StreamEvent("", "", "", result=self._error_result(req, request_id, f"{type(exc).__name__}: {exc}",
+            yield StreamEvent("", "", "",
+                              result=self._error_result(req, request_id, f"{type(exc).__name__}: {exc}",
                                                                     started))
             return
         splitter = StreamSplitter(turn["fmt"])

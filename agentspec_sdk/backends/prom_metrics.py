@@ -73,13 +73,16 @@ class ProposerMetrics:
                                 ("law_class",), registry=reg)
         self.gated = Counter("agentspec:gated_rows", "Rows whose candidate draft the budget gated to zero",
                              ("law_class",), registry=reg)
-        self.proposer_seconds = Histogram("agentspec:proposer_seconds", "AgentSpec proposer time per engine step",
+        self.proposer_seconds = Histogram("agentspec:proposer_seconds",
+                                          "AgentSpec proposer time per engine step",
                                           buckets=SECOND_BUCKETS, registry=reg)
         self.step_seconds = Histogram("agentspec:step_seconds",
                                       "Engine step time (start to start of consecutive proposer calls while "
                                       "a request stays in the batch)", buckets=SECOND_BUCKETS, registry=reg)
-        self.rows = Counter("agentspec:proposer_rows", "Batch rows seen by the AgentSpec proposer", registry=reg)
-        self.errors = Counter("agentspec:drafter_errors", "Drafter failures (row: one row, batch: a whole step)",
+        self.rows = Counter("agentspec:proposer_rows", "Batch rows seen by the AgentSpec proposer",
+                            registry=reg)
+        self.errors = Counter("agentspec:drafter_errors",
+                              "Drafter failures (row: one row, batch: a whole step)",
                               ("scope",), registry=reg)
         # label children cached: .labels() costs a lock and a dict lookup per call
         self._children: dict[tuple, Any] = {}

@@ -156,7 +156,8 @@ class ServerInspector:
             metric_steps_after = self.metric_steps() or 0
             if metric_steps_after <= metric_steps_before:
                 raise BackendError(f"the AgentSpec proposer is not running in {self.root}: "
-                                   "agentspec:proposer_seconds_count on /metrics did not grow during a request")
+                                   "agentspec:proposer_seconds_count on /metrics did not grow during a "
+                                   "request")
             report["proposer"] = {"steps": int(metric_steps_after), "source": "metrics"}
         if self.records is not None:
             steps_after = self.proposer_steps()

@@ -105,7 +105,8 @@ class Transport:
                         state.next_action.sleep if state.next_action else 0.0)
 
         return Retrying(retry=retry_if_exception(retryable), reraise=True, before_sleep=before_sleep,
-                        stop=stop_after_attempt(self.max_retries + 1) | stop_after_delay(self.retry_deadline_s),
+                        stop=(stop_after_attempt(self.max_retries + 1)
+                              | stop_after_delay(self.retry_deadline_s)),
                         wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s))
 
     def call(self, fn: Callable[[int], Any], request_id: str) -> Any:
@@ -238,7 +239,8 @@ class StreamReplay:
                         on_fresh(new)
         if not done:
             raise _StreamBroken(f"stream of turn {self.request_id} ended without its final usage chunk")
-        return {"text": text, "ids": ids, "prompt_ids": prompt_ids or [], "finish": finish, "metrics": metrics}
+        return {"text": text, "ids": ids, "prompt_ids": prompt_ids or [], "finish": finish,
+                "metrics": metrics}
 
     def _diverged(self) -> BackendError:
         return BackendError(f"turn {self.request_id}: the retried stream diverged from the text already "

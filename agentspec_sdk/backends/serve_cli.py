@@ -15,7 +15,8 @@ from agentspec_sdk.errors import AgentSpecError
 
 
 def write_plan(model: str, plan_path: Path, *, tools_file: Path | None = None, formats: str | None = None,
-               gamma_max: int = 8, records_path: Path | None = None, records_max_bytes: int | None = None) -> Path:
+               gamma_max: int = 8, records_path: Path | None = None,
+               records_max_bytes: int | None = None) -> Path:
     """The plan the proposer inside the server reads (AGENTSPEC_PLAN)."""
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.structure.formats import format_names, get_format
@@ -49,27 +50,41 @@ def load_formats(spec: str) -> list:
 
 
 def serve(
-    model: Annotated[str | None, typer.Option("--model", help="HF folder or id (default: bundled SmolLM2-135M)")] = None,
-    tools: Annotated[Path | None, typer.Option("--tools", help="tools.json (OpenAI tool list) the agents use")] = None,
-    formats: Annotated[str | None, typer.Option("--formats", help="format names, comma-separated, or a JSON file")] = None,
+    model: Annotated[str | None,
+                     typer.Option("--model", help="HF folder or id (default: bundled SmolLM2-135M)")] = None,
+    tools: Annotated[Path | None,
+                     typer.Option("--tools", help="tools.json (OpenAI tool list) the agents use")] = None,
+    formats: Annotated[str | None,
+                       typer.Option("--formats",
+                                    help="format names, comma-separated, or a JSON file")] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8000,
-    speculation: Annotated[str, typer.Option("--speculation", help="structure | ngram | suffix | off")] = "structure",
+    speculation: Annotated[str,
+                           typer.Option("--speculation",
+                                        help="structure | ngram | suffix | off")] = "structure",
     gamma_max: Annotated[int, typer.Option("--gamma-max", help="most draft tokens per row and step")] = 8,
     max_model_len: Annotated[int, typer.Option("--max-model-len")] = 4096,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,
-    plan: Annotated[Path | None, typer.Option("--plan", help="where to write the plan (default: cache)")] = None,
-    records: Annotated[Path | None, typer.Option("--records", help="proposer records JSONL (default: none with "
+    plan: Annotated[Path | None,
+                    typer.Option("--plan", help="where to write the plan (default: cache)")] = None,
+    records: Annotated[Path | None,
+                       typer.Option("--records", help="proposer records JSONL (default: none with "
                                                  "--metrics, else beside the plan)")] = None,
-    records_max_mb: Annotated[float, typer.Option("--records-max-mb", help="rotate the records file past this "
+    records_max_mb: Annotated[float,
+                              typer.Option("--records-max-mb", help="rotate the records file past this "
                                                   "size (one old file kept)")] = 64.0,
-    metrics: Annotated[bool, typer.Option("--metrics/--no-metrics", help="agentspec:* Prometheus metrics on the "
+    metrics: Annotated[bool,
+                       typer.Option("--metrics/--no-metrics", help="agentspec:* Prometheus metrics on the "
                                           "server's /metrics")] = True,
-    status: Annotated[str | None, typer.Option("--status", help="print a running server's acceptance from its "
+    status: Annotated[str | None,
+                      typer.Option("--status", help="print a running server's acceptance from its "
                                                "/metrics (URL) and exit")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="write the plan, print the command, do not run it")] = False,
-    vllm_args: Annotated[list[str] | None, typer.Argument(help="extra `vllm serve` arguments (after --)")] = None,
+    dry_run: Annotated[bool,
+                       typer.Option("--dry-run",
+                                    help="write the plan, print the command, do not run it")] = False,
+    vllm_args: Annotated[list[str] | None,
+                         typer.Argument(help="extra `vllm serve` arguments (after --)")] = None,
 ) -> None:
     """Start vLLM's OpenAI-compatible server with the AgentSpec structure proposer inside it."""
     from agentspec_sdk.backends.model_bundle import cache_dir, resolve_model
@@ -85,13 +100,15 @@ def serve(
         plan_path = None
         if speculation == "structure":
             plan_path = (plan or cache_dir() / "serve" / f"plan-{port}.json").resolve()
-            records_path = records or (None if metrics else plan_path.with_name(plan_path.stem + ".records.jsonl"))
+            records_path = records or (None if metrics
+                                       else plan_path.with_name(plan_path.stem + ".records.jsonl"))
             write_plan(model_path, plan_path, tools_file=tools, formats=formats, gamma_max=gamma_max,
                        records_path=records_path, records_max_bytes=int(records_max_mb * (1 << 20)))
             where = (f"{records_path.resolve()} (rotated at {records_max_mb:g} MiB)" if records_path else
                      "off (--records PATH to keep them)")
             typer.echo(f"# plan: {plan_path}\n# proposer records: {where}", err=True)
-        spec = ServerSpec(model=model_path, host=host, port=port, speculation=speculation, gamma_max=gamma_max,
+        spec = ServerSpec(model=model_path, host=host, port=port, speculation=speculation,
+                          gamma_max=gamma_max,
                           plan_path=plan_path, served_model_name=served_model_name,
                           max_model_len=max_model_len, seed=seed, extra_args=list(vllm_args or []),
                           metrics=metrics)
@@ -147,7 +164,8 @@ def server_status(url: str) -> str:
     lines.append(f"{'class':<8}{'rounds':>8}{'drafted':>10}{'accepted':>10}{'alpha':>8}")
     for cls, row in s["by_class"].items():
         lines.append(f"{cls:<8}{row['rounds']:>8}{row['drafted']:>10}{row['accepted']:>10}{row['alpha']:>8.3f}")
-    lines.append("by source: " + ", ".join(f"{k} {v['accepted']}/{v['drafted']}" for k, v in s["by_source"].items()))
+    lines.append("by source: "
+                 + ", ".join(f"{k} {v['accepted']}/{v['drafted']}" for k, v in s["by_source"].items()))
     lines.append("budget withheld tokens: " + (", ".join(f"{k} {v}" for k, v in s["withheld"].items()) or "0")
                  + "; gated rows: " + (", ".join(f"{k} {v}" for k, v in s["gated"].items()) or "0"))
     return "\n".join(lines)

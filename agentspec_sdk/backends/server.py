@@ -40,7 +40,8 @@ ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 CPU_BLOCK_SIZE = 32
 SUFFIX_INSTALL = ('pip install "nanobind==2.9.2" cmake grpcio-tools && '
                   'CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" '
-                  'pip install --no-build-isolation --no-deps arctic-inference==0.3.0  (scripts/setup.sh does this)')
+                  'pip install --no-build-isolation --no-deps arctic-inference==0.3.0  (scripts/setup.sh '
+                  'does this)')
 
 
 def require_suffix_decoding() -> None:
@@ -77,7 +78,8 @@ def check_block_size(block_size: int | None) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 or block_size % 16:
         raise BackendError(f"block_size must be a positive multiple of 16 (32 on CPU), got {block_size!r}")
     if block_size % 32 and running_on_cpu():
-        raise BackendError(f"block_size must be a multiple of 32 on CPU (vLLM's CPU attention), got {block_size}")
+        raise BackendError("block_size must be a multiple of 32 on CPU (vLLM's CPU attention), got "
+                           f"{block_size}")
 
 
 def running_on_cpu() -> bool:
@@ -209,7 +211,8 @@ def check_port_free(host: str, port: int) -> None:
             sock.bind((host or "0.0.0.0", port))
     except OSError as exc:
         raise BackendError(f"port {port} on {host or '0.0.0.0'} is already in use (the server's API and its "
-                           f"/metrics would listen there): {exc.strerror or exc}; choose another --port") from None
+                           f"/metrics would listen there): {exc.strerror or exc}; "
+                           "choose another --port") from None
 
 
 def fresh_metrics_dir(path: Path | None) -> None:

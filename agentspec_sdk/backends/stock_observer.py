@@ -81,7 +81,8 @@ class StockDraftObserver:
             drafted_ctx += len(tokens) * n
             lines.append(json.dumps({"type": "draft", "position": n,
                                      "prefix_hash": int(prefix_hashes(np.asarray(token_ids[i][:n]))[-1]),
-                                     "kind": None, "law_class": None, "source": self.method, "tokens": tokens}))
+                                     "kind": None, "law_class": None, "source": self.method,
+                                     "tokens": tokens}))
         ctx = int(sum(int(num_tokens[i]) for i in range(len(drafts))))
         lines.append(json.dumps({"type": "step", "t": round(at, 6), "rows": len(drafts), "drafted": drafted,
                                  "proposer_s": round(seconds, 7), "errors": 0, "ctx": ctx,

@@ -17,7 +17,8 @@ from typing import Any
 MAX_TOKENS = 60_000  # prompt + output tokens scored in all; beyond it turns are skipped (bounded time)
 
 
-def class_entropies(model: str | None, logs: Iterable[Any], *, max_tokens: int = MAX_TOKENS) -> dict[str, list[float]]:
+def class_entropies(model: str | None, logs: Iterable[Any], *,
+                    max_tokens: int = MAX_TOKENS) -> dict[str, list[float]]:
     """{class: [entropy in nats per output position]} over the distinct turns of `logs` (the replay's
     TurnLog: `prompt_ids`, `token_ids`, `token_classes`, `grammar`, `prompt_hash`) that carry prompt
     ids and per-token classes."""

@@ -92,7 +92,8 @@ class Engine(EngineBase):
         self.formats = {f.name: f for f in (get_format(x) for x in (cfg.formats or format_names()))}
         self.registry = as_registry(cfg.tools) if cfg.tools is not None else ToolRegistry()
         self._lock = threading.Lock()
-        self._work = Path(cfg.work_dir) if cfg.work_dir else Path(tempfile.mkdtemp(prefix="agentspec-engine-"))
+        self._work = (Path(cfg.work_dir) if cfg.work_dir
+                      else Path(tempfile.mkdtemp(prefix="agentspec-engine-")))
         self._work.mkdir(parents=True, exist_ok=True)
         self.plan_path = self._work / "plan.json"
         self.records_path = self._work / "records.jsonl"
@@ -128,7 +129,8 @@ class Engine(EngineBase):
         self._vllm = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self._step_s = 0.0
         self._steps = 0
-        self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)  # (t, s, rows, tokens, ctx, prefill, new, grammar)
+        # (t, s, rows, tokens, ctx, prefill, new, grammar)
+        self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
         self._thread.start()
 
@@ -147,7 +149,8 @@ class Engine(EngineBase):
             spec = stock_speculative_config(speculation, self.gamma_max, ngram_min=cfg.ngram_min,
                                             ngram_max=cfg.ngram_max)
         elif speculation == "structure":
-            spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": self.gamma_max}
+            spec = {"method": "custom_class", "model": PROPOSER_CLASS,
+                    "num_speculative_tokens": self.gamma_max}
         elif speculation == "draft_model":
             spec = {"method": "draft_model", "model": resolve_model(cfg.draft_model),
                     "num_speculative_tokens": self.gamma_max}
@@ -158,7 +161,8 @@ class Engine(EngineBase):
         try:
             from vllm import LLM
 
-            return LLM(model=self.model, dtype=cfg.dtype or _default_dtype(), max_model_len=self.max_model_len,
+            return LLM(model=self.model, dtype=cfg.dtype or _default_dtype(),
+                       max_model_len=self.max_model_len,
                        enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.seed,
                        max_num_seqs=cfg.max_num_seqs, **extra,
                        structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
@@ -224,9 +228,11 @@ class Engine(EngineBase):
                 self._totals["errors"] += 1
             if events is not None:
                 events.put(None)
-            future.set_result(TurnResult(request_id, error=f"{type(exc).__name__}: {exc}", agent_id=req.agent_id))
+            future.set_result(TurnResult(request_id, error=f"{type(exc).__name__}: {exc}",
+                                         agent_id=req.agent_id))
             return future
-        live = _Live(req, request_id, f"{request_id}#{next(self._ids)}", fmt, future, prompt_ids, sampling, events,
+        live = _Live(req, request_id, f"{request_id}#{next(self._ids)}", fmt, future, prompt_ids, sampling,
+                     events,
                      StreamSplitter(fmt) if events is not None else None, t_submit=t_submit)
         self._inbox.put(live)
         self._wake.set()
@@ -374,7 +380,8 @@ class Engine(EngineBase):
         spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
         settle_against_vllm(records, len(token_ids), spec)
         spans = segment(live.fmt, comp.text)
-        if records and self.speculation in STOCK:  # the peer's drafts take the class of the token they began at
+        # the peer's drafts take the class of the token they began at
+        if records and self.speculation in STOCK:
             label_records(records, self._labels.labels(comp.text, token_ids, spans),
                           self._labels.starts(comp.text, token_ids), spans)
         acceptance = acceptance_by_class(records)

@@ -241,7 +241,8 @@ def label_records(records: list[dict], labels: str, starts: list[int], spans) ->
         if r.get("law_class") is None and pos >= 0:
             r["law_class"] = labels[pos]
             at = starts[pos]
-            r["kind"] = next((s.kind for s in spans if s.start <= at < s.end), spans[-1].kind if spans else "?")
+            r["kind"] = next((s.kind for s in spans if s.start <= at < s.end),
+                             spans[-1].kind if spans else "?")
 
 
 def acceptance_by_class(records: list[dict]) -> dict[str, dict[str, int]]:
@@ -275,5 +276,6 @@ def vllm_spec_counters(llm_engine) -> dict:
         elif name == "num_accepted_tokens_per_pos":
             vals = list(m.values)
             acc = out["accepted_per_pos"]
-            out["accepted_per_pos"] = [a + b for a, b in zip(acc + [0] * (len(vals) - len(acc)), vals, strict=False)]
+            out["accepted_per_pos"] = [a + b for a, b in zip(acc + [0] * (len(vals) - len(acc)), vals,
+                                                             strict=False)]
     return out

@@ -56,8 +56,9 @@ class AgentSpecProposer:
                 **kwargs) -> list[list[int]]:
         started = time.perf_counter()
         n = len(sampled_token_ids)
+        # basic slicing inside history(): views, no copies
         rows = [RowInput(token_ids_cpu[i], int(num_tokens_no_spec[i]), bool(len(sampled_token_ids[i])),
-                         len(sampled_token_ids[i])) for i in range(n)]  # basic slicing inside history(): views, no copies
+                         len(sampled_token_ids[i])) for i in range(n)]
         acc = self.drafter.accounting
         rebuilds, row_errors, batch_errors = acc.rebuilds, acc.errors, acc.batch_errors
         drafts = self.drafter.propose(rows)  # never raises: a failing step gives no drafts
@@ -73,7 +74,8 @@ class AgentSpecProposer:
         interval = started - self._last_start if continued > 0 and self._last_start is not None else None
         self._last_start = started
         try:
-            self.metrics.step(n, seconds, 0 if batch_error else acc.errors - row_errors, batch_error, interval)
+            self.metrics.step(n, seconds, 0 if batch_error else acc.errors - row_errors, batch_error,
+                              interval)
         except Exception:  # metrics never take the engine down
             log.exception("agentspec proposer metrics failed")
         return drafts
@@ -102,7 +104,8 @@ class AgentSpecProposer:
         self._append(lines)
 
     def _append(self, lines: list[str]) -> None:
-        self.drafter.accounting.write(lines)  # the drafter's file, rotated at the plan's cap; warns when it cannot
+        # the drafter's file, rotated at the plan's cap; warns when it cannot
+        self.drafter.accounting.write(lines)
 
     @property
     def batch_errors(self) -> int:
