@@ -107,7 +107,8 @@ class StructureDrafter:
             if suffix_available():
                 self.trees = SuffixTrees()
             else:
-                log.warning("arctic-inference is not installed: the structure drafter runs without suffix trees")
+                log.warning("arctic-inference is not installed: the structure drafter runs without suffix "
+                            "trees")
         elif not plan.suffix_trees:
             self.trees = None
         self.accounting.flush()
@@ -187,7 +188,8 @@ class StructureDrafter:
                 self._failed(f"row {i}")
         self._rows = states
         drafts = self._size(candidates)
-        self.accounting.sized([(c.law_class, len(c.tokens), len(d)) for c, d in zip(candidates, drafts, strict=True)
+        self.accounting.sized([(c.law_class, len(c.tokens), len(d))
+                               for c, d in zip(candidates, drafts, strict=True)
                                if c is not None])
         if self.plan.learn_delta:
             self.cost.observe(at, len(rows), sum(map(len, drafts)))
@@ -197,9 +199,11 @@ class StructureDrafter:
                 st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft,
                                           cand.sources[: len(draft)])
         sizes = [len(d) for d in drafts]  # for the report's cost fit: context and class of the drafted tokens
-        extra = {"ctx": int(sum(r.num_tokens if r.num_tokens is not None else len(r.token_ids) for r in rows)),
+        extra = {"ctx": int(sum(r.num_tokens if r.num_tokens is not None
+                                else len(r.token_ids) for r in rows)),
                  "drafted_ctx": int(sum(k * len(states[i].ids) for i, k in enumerate(sizes) if k)),
-                 "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True) if k and c.law_class == "S"))}
+                 "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True)
+                                      if k and c.law_class == "S"))}
         self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
         return drafts
 
@@ -210,7 +214,8 @@ class StructureDrafter:
         free = set(range(len(old)))
         histories = [r.history() for r in rows]
         for i, ids in enumerate(histories):
-            if i < len(old) and old[i] is not None and old[i].matches(ids, max(growth, old[i].pending_len + 1)):
+            if i < len(old) and old[i] is not None and old[i].matches(ids,
+                                                                      max(growth, old[i].pending_len + 1)):
                 out[i] = old[i]
                 free.discard(i)
         if free:
@@ -306,8 +311,8 @@ class StructureDrafter:
         # A segment of an environment kind in the model's own output (a small model writing its own
         # <tool_response>) gets lookup drafts only: no grammar governs it.
         forced = self._forced(st, kind, seg_text) if kind.writer == "model" else ""
-        call = st.call if kind.writer == "model" and st.call is not None and st.call_start == seg.current.start \
-            else None
+        call = st.call if kind.writer == "model" and st.call is not None \
+            and st.call_start == seg.current.start else None
         text, keep_last, probes, parts = self._chain(st, kind, law_class, seg_text, call, forced)
         if not text:
             return None
@@ -339,7 +344,8 @@ class StructureDrafter:
         seg.feed(rest)
         # the marker's rest is a guess (the model may be opening another marker with the same start)
         parts = [(0, "marker")] + [(len(rest) + at, src) for at, src in parts]
-        tokens, sources = self._tokens_for(st, rest + text, parts, keep_last=keep_last or not text, probes=probes,
+        tokens, sources = self._tokens_for(st, rest + text, parts, keep_last=keep_last or not text,
+                                           probes=probes,
                                            seg=seg, offset=len(rest))
         return Candidate(tokens, sources, kind.name, law_class) if tokens else None
 
@@ -488,7 +494,8 @@ class StructureDrafter:
         first = max(0, st.n - ANCHOR_TOKENS)
         emitted = st.ids[first:].tolist()
         tail = st.text.text[st.text.token_start(first):]
-        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last, probes=probes)[: self.gamma]
+        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
+                                  probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
 
     # -- sizing -------------------------------------------------------------------------------
@@ -542,7 +549,8 @@ class StructureDrafter:
         self.accounting.flush()
 
 
-def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str, parts: list[tuple[int, str]]) -> list[str]:
+def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str,
+                   parts: list[tuple[int, str]]) -> list[str]:
     """The source of each draft token: the part of `text` (char offset, source) holding its first
     byte. The tokens spell `text` from its start (canonical_tokens continues the emitted tokens)."""
     if not parts:

@@ -30,7 +30,8 @@ class DraftPlan:
     tokenizer: str | None = None
     turn_start: str | None = None  # text that opens the model's turn; None: from the chat template
     gamma_max: int = 8
-    step_budget: int | None = None  # draft tokens per step over all rows; None: no cap (the price sizes drafts)
+    # draft tokens per step over all rows; None: no cap (the price sizes drafts)
+    step_budget: int | None = None
     kappa: float = 1.0
     delta: float = 0.02  # verify cost of one extra token / one target pass; the prior when learn_delta
     learn_delta: bool = True  # learn delta from the proposer's own step times (law.OnlineStepCost)

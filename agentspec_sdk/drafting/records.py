@@ -165,8 +165,10 @@ class Accounting:
         self.errors += errors
         if self.records_path is not None:
             at = time.time() - seconds if at is None else at
-            self._buffer.append(json.dumps({"type": "step", "t": round(at, 6), "rows": rows, "drafted": drafted,
-                                            "proposer_s": round(seconds, 7), "errors": errors, **(extra or {})}))
+            self._buffer.append(json.dumps({"type": "step", "t": round(at, 6), "rows": rows,
+                                            "drafted": drafted,
+                                            "proposer_s": round(seconds, 7), "errors": errors,
+                                            **(extra or {})}))
             self.flush()
 
     def flush(self) -> None:

@@ -48,7 +48,8 @@ class SuffixTrees:
                  max_spec_factor: float = MAX_SPEC_FACTOR, min_token_prob: float = MIN_TOKEN_PROB):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth,
+                                         max_cached_requests=max_cached_requests)
         self.depth = max_tree_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
@@ -74,7 +75,8 @@ class SuffixTrees:
         if max_tokens <= 0 or key not in self.cache.active_requests:
             return [], []
         context = np.ascontiguousarray(history[-self.depth:], dtype=np.int32)
-        draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens, max_spec_factor=self.max_spec_factor,
+        draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens,
+                                     max_spec_factor=self.max_spec_factor,
                                      min_token_prob=self.min_token_prob)
         tokens = [int(t) for t in draft.token_ids]
         path = [float(p) for p in draft.probs]

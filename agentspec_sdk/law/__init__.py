@@ -82,12 +82,15 @@ from agentspec_sdk.law.verdicts import (
 __all__ = [
     "CLASSES", "DEFAULT_GAMMA_MAX", "ArmSaving", "Breakeven", "ClassAcceptance", "ClassMix",
     "CompositionCheck", "CostFit", "GammaChoice", "KappaFit", "LawParams", "LawReport", "Limit",
-    "Marginal", "OnlineAcceptance", "OnlineStepCost", "RoundRecord", "Verdict", "acceptance_by_class", "best_gamma",
+    "Marginal", "OnlineAcceptance", "OnlineStepCost", "RoundRecord", "Verdict", "acceptance_by_class",
+    "best_gamma",
     "breakeven_w_s", "composition_cost", "cost_ratio", "dtau_deps", "entropy_floor",
     "entropy_from_logprobs", "eps_bar", "eps_star", "eps_star_exact", "evaluate", "fit_costs",
     "fit_kappa", "gamma_opt", "marginal_tau", "mismatch", "net_cost", "rho_from_entropies",
     "round_cost", "saving", "saving_at", "saving_vs_w_s", "schema_ceiling", "speedup",
-    "speedup_curve", "tau", "tau_by_class", "tau_mixed", "tau_vs_w_s", "token_values", "extend_pays", "token_mismatches", "verdict_p1",
-    "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdict_r5", "verdicts", "wilson_interval", "PassCosts", "PASS_TERMS", "PASS_TERM_TEXT", "SpeedupCheck", "fit_pass_costs", "fit_proposer",
+    "speedup_curve", "tau", "tau_by_class", "tau_mixed", "tau_vs_w_s", "token_values", "extend_pays",
+    "token_mismatches", "verdict_p1",
+    "verdict_r1", "verdict_r2", "verdict_r3", "verdict_r4", "verdict_r5", "verdicts", "wilson_interval",
+    "PassCosts", "PASS_TERMS", "PASS_TERM_TEXT", "SpeedupCheck", "fit_pass_costs", "fit_proposer",
     "pass_cost_ratio", "fit_step_price", "fit_turn_costs",
 ]

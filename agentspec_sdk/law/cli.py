@@ -47,7 +47,8 @@ def _build(values: dict) -> tuple[LawParams, ClassMix, int]:
     if values["gamma"] < 1:
         raise LawInputError(f"gamma must be an integer >= 1, got {values['gamma']}")
     params = LawParams(values["kappa"], values["delta"], values["d"])
-    mix = ClassMix.from_shares(values["w_s"], values["w_r"], values["rho_s"], values["rho_r"], values["rho_f"])
+    mix = ClassMix.from_shares(values["w_s"], values["w_r"], values["rho_s"], values["rho_r"],
+                               values["rho_f"])
     return params, mix, int(values["gamma"])
 
 
@@ -58,7 +59,8 @@ def _fmt(x) -> str:
 def _text(report: dict) -> str:
     tbc = report["tau_by_class"]
     lines = [
-        f"tau (mixed)        {_fmt(report['tau'])}   at gamma={report['gamma']}, eps_bar={_fmt(report['eps_bar'])}",
+        f"tau (mixed)        {_fmt(report['tau'])}   at gamma={report['gamma']}, "
+        f"eps_bar={_fmt(report['eps_bar'])}",
         f"tau_S/tau_R/tau_F  {_fmt(tbc['S'])} / {_fmt(tbc['R'])} / {_fmt(tbc['F'])}",
         f"net saving s       {_fmt(report['saving'])}",
         f"net speedup        {_fmt(report['speedup'])}x",
@@ -94,11 +96,14 @@ def law(ctx: typer.Context, w_s: WS = None, w_r: WR = None, rho_s: RS = None, rh
 @app.command("plot")
 def plot(out: Annotated[Path, typer.Option("--out", help="folder for the PNG files")] = Path("law-plots"),
          measured: Annotated[Path | None, typer.Option(
-             "--measured", help="report JSON with 'law', 'measured' and 'tau_by_class' (docs/law.md)")] = None,
+             "--measured",
+             help="report JSON with 'law', 'measured' and 'tau_by_class' (docs/law.md)")] = None,
          w_s: WS = None, w_r: WR = None, rho_s: RS = None, rho_r: RR = None, rho_f: RF = None,
          kappa: KAPPA = None, delta: DELTA = None, d: D = None, gamma: GAMMA = None,
          gamma_max: GAMMA_MAX = DEFAULT_GAMMA_MAX) -> None:
-    """Write tau_by_class.png and saving_vs_schema_share.png (parameters: options, else the report's 'law' section, else the paper's illustrative example w_S=0.5, w_R=0.3, rho=0.95/0.6/0.4, kappa=0.8, delta=0.05, d=0.02, gamma=8)."""
+    """Write tau_by_class.png and saving_vs_schema_share.png (parameters: options, else the report's 'law'
+    section, else the paper's illustrative example w_S=0.5, w_R=0.3, rho=0.95/0.6/0.4, kappa=0.8, delta=0.05,
+    d=0.02, gamma=8)."""
     from agentspec_sdk.law.plots import read_report, write_plots
 
     try:

@@ -208,7 +208,8 @@ class PassCosts:
     """What one target pass costs, term by term (seconds per unit), fitted by least squares over a
     run's passes:
 
-        seconds - proposer_s = base + row rows + grammar grammar_rows + verified drafted + verified_ctx drafted_ctx / 1000
+        seconds - proposer_s = base + row rows + grammar grammar_rows + verified drafted
+                               + verified_ctx drafted_ctx / 1000
                                + schema drafted_s + prefill prefill + ctx ctx / 1000
 
     `proposer` is the drafter's own time per step, fitted the same way on `proposer_s` (base, row,
@@ -229,7 +230,8 @@ class PassCosts:
         """Predicted seconds of a pass of this composition, with the proposer's time (`proposer`: True =
         the fitted one, a mapping = another drafter's terms from `fit_proposer`, False = none)."""
         c = self.coef
-        t = (c["base"] + c["row"] * rows + c.get("grammar", 0.0) * grammar + c["verified"] * drafted + c["verified_ctx"] * drafted_ctx / 1000.0
+        t = (c["base"] + c["row"] * rows + c.get("grammar", 0.0) * grammar + c["verified"] * drafted
+             + c["verified_ctx"] * drafted_ctx / 1000.0
              + c["schema"] * drafted_s + c["prefill"] * prefill + c["ctx"] * ctx / 1000.0)
         p = self.proposer if proposer is True else (proposer or {})
         if p:
@@ -304,7 +306,9 @@ def fit_proposer(passes: Sequence[Mapping]) -> dict:
 
     y = col("proposer_s")
     made = np.array([float(p.get("made", p.get("drafted", 0.0)) or 0.0) for p in ran])
-    pc, _, _, _ = _lsq(y, {"base": np.ones(len(ran)), "row": col("rows"), "drafted": made, "ctx": col("ctx", 1000.0)})
+    pc, _, _, _ = _lsq(y,
+                       {"base": np.ones(len(ran)), "row": col("rows"), "drafted": made,
+                        "ctx": col("ctx", 1000.0)})
     return {**{k: pc[k] for k in PROPOSER_TERMS}, "mean_s": float(y.mean()), "steps": len(ran)}
 
 
@@ -313,7 +317,8 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
     """Fit `PassCosts` from passes: mappings with `s` (seconds of the pass) and `rows`, optionally
     `drafted` (draft tokens verified in the pass), `drafted_ctx` (sum over rows of drafted x the row's
     context), `drafted_s` (drafted tokens of schema rows), `prefill` (uncached prompt tokens computed),
-    `ctx` (sum of the rows' context lengths), `grammar` (rows under a grammar) and `proposer_s` (the drafter's own seconds in the pass).
+    `ctx` (sum of the rows' context lengths), `grammar` (rows under a grammar) and `proposer_s` (the drafter's
+    own seconds in the pass).
     `made` (drafts the proposer made in the pass, verified in the next; default `drafted`) is what the
     proposer's own time is fitted on (over `proposer_passes` when given: one drafter's passes while the
     target's terms use every drafter's). Missing fields count as 0. Passes without rows are skipped."""
@@ -326,7 +331,8 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
 
     prop = col("proposer_s")
     y = col("s") - prop
-    cols = {"base": np.ones(len(rows)), "row": col("rows"), "grammar": col("grammar"), "verified": col("drafted"),
+    cols = {"base": np.ones(len(rows)), "row": col("rows"), "grammar": col("grammar"),
+            "verified": col("drafted"),
             "verified_ctx": col("drafted_ctx", 1000.0), "schema": col("drafted_s"), "prefill": col("prefill"),
             "ctx": col("ctx", 1000.0)}
     coef, se, dropped, resid = _lsq(y, cols)
@@ -398,7 +404,8 @@ def fit_turn_costs(drafted_per_step: Sequence[float], step_seconds: Sequence[flo
     if len(xs) != len(ys):
         raise LawInputError(f"drafted_per_step and step_seconds differ in length: {len(xs)} != {len(ys)}")
     if len(xs) < 3 or float(np.ptp(xs)) == 0.0:
-        return {"c_t": float(np.mean(ys)) if ys else None, "delta": 0.0, "d": 0.0, "overhead": 0.0, "turns": len(xs),
+        return {"c_t": float(np.mean(ys)) if ys else None, "delta": 0.0, "d": 0.0, "overhead": 0.0,
+                "turns": len(xs),
                 "method": "too few turns with different draft sizes: delta set to 0"}
     slope, intercept = np.polyfit(np.asarray(xs), np.asarray(ys), 1)
     c_t = float(intercept) if intercept > 0 else float(np.min(ys))

@@ -58,7 +58,8 @@ class RoundRecord:
     @classmethod
     def from_dict(cls, data: Mapping) -> RoundRecord:
         try:
-            return cls(str(data["law_class"]), str(data["source"]), int(data["drafted"]), int(data["accepted"]))
+            return cls(str(data["law_class"]), str(data["source"]), int(data["drafted"]),
+                       int(data["accepted"]))
         except KeyError as missing:
             raise LawInputError(f"round record lacks field {missing}: {dict(data)}") from None
 

@@ -135,7 +135,8 @@ def figure_saving_vs_w_s(params: LawParams, mix: ClassMix, gammas: Sequence[int]
         for p in pts:
             label = _point_label(p)
             if label:
-                ax.annotate(label, (p["w_s"], p["saving"]), textcoords="offset points", xytext=(5, 5), fontsize=7)
+                ax.annotate(label, (p["w_s"], p["saving"]), textcoords="offset points", xytext=(5, 5),
+                            fontsize=7)
     ax.set_xlim(0.0, 1.0)
     ax.set_xlabel("schema share w_S")
     ax.set_ylabel("net saving s = 1 - c_net / c_1")
@@ -180,11 +181,13 @@ def write_plots(out_dir: str | Path, params: LawParams, mix: ClassMix, gamma: in
     report = report or {}
     gammas = sorted({gamma, *(int(p["gamma"]) for p in _points(report.get("measured")) if "gamma" in p)})
     be = report.get("breakeven") or {}
-    curve = ({"gamma": be["gamma_drafted"], "draft_share": be.get("draft_share"), "overhead": be.get("overhead")}
+    curve = ({"gamma": be["gamma_drafted"], "draft_share": be.get("draft_share"),
+              "overhead": be.get("overhead")}
              if be.get("gamma_drafted") else None)
     figures = {
         "tau_by_class.png": figure_tau_by_class(params, mix, gamma_max, report.get("tau_by_class")),
-        "saving_vs_schema_share.png": figure_saving_vs_w_s(params, mix, gammas, report.get("measured"), curve),
+        "saving_vs_schema_share.png": figure_saving_vs_w_s(params, mix, gammas, report.get("measured"),
+                                                           curve),
     }
     paths = []
     for name, fig in figures.items():

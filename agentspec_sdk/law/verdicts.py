@@ -131,7 +131,8 @@ def verdict_r1(acc: Mapping[str, ClassAcceptance], gamma: int, min_rounds: int =
         return Verdict("R1", INSUFFICIENT, numbers, f"fewer than {min_rounds} rounds in class(es) {short}")
     ts, tf = numbers["classes"]["S"]["tau"], numbers["classes"]["F"]["tau"]
     if ts <= tf:
-        return Verdict("R1", REJECTED, numbers, f"tau_S={ts:.3f} <= tau_F={tf:.3f}: the Draft Law is rejected")
+        return Verdict("R1", REJECTED, numbers,
+                       f"tau_S={ts:.3f} <= tau_F={tf:.3f}: the Draft Law is rejected")
     return Verdict("R1", PASS, numbers, f"tau_S={ts:.3f} > tau_F={tf:.3f}")
 
 
@@ -146,8 +147,8 @@ def verdict_r2(arms: Iterable[ArmSaving]) -> Verdict:
     if losing:
         worst = min(losing, key=lambda a: a.saving)
         return Verdict("R2", REJECTED, numbers,
-                       f"arm {worst.arm} has w_S={worst.w_s:.3f} >= {R2_MIN_W_S} and s={worst.saving:.3f} < 0: "
-                       "the breakeven model is rejected")
+                       f"arm {worst.arm} has w_S={worst.w_s:.3f} >= {R2_MIN_W_S} and s={worst.saving:.3f} < "
+                       "0: the breakeven model is rejected")
     return Verdict("R2", PASS, numbers,
                    f"{len(relevant)} arm(s) with w_S >= {R2_MIN_W_S}, all with s >= 0 "
                    f"(min s={min(a.saving for a in relevant):.3f})")
@@ -185,7 +186,8 @@ def verdict_r5(checks: Iterable[SpeedupCheck], max_error: float = R5_MAX_ERROR) 
     numbers = {"max_error": max_error,
                "checks": [{**asdict(c), "error": c.error, "off_term": c.off_term} for c in checks]}
     if not checks:
-        return Verdict("R5", INSUFFICIENT, numbers, "no speculative run with a predicted and a measured speedup")
+        return Verdict("R5", INSUFFICIENT, numbers,
+                       "no speculative run with a predicted and a measured speedup")
     bad = [c for c in checks if c.error > max_error]
     worst = max(checks, key=lambda c: c.error)
     numbers["worst"] = worst.name
@@ -202,10 +204,11 @@ def verdict_r5(checks: Iterable[SpeedupCheck], max_error: float = R5_MAX_ERROR) 
             parts.append(f"{c.name}: predicted {c.predicted:.2f}x vs measured {c.measured:.2f}x "
                          f"({c.error:.0%}{detail})")
         return Verdict("R5", REJECTED, numbers,
-                       f"{len(bad)} of {len(checks)} run(s) off by more than {max_error:.0%}: " + "; ".join(parts))
+                       f"{len(bad)} of {len(checks)} run(s) off by more than {max_error:.0%}: "
+                       + "; ".join(parts))
     return Verdict("R5", PASS, numbers,
-                   f"{len(checks)} run(s) within {max_error:.0%}; largest error {worst.error:.1%} ({worst.name}: "
-                   f"predicted {worst.predicted:.2f}x, measured {worst.measured:.2f}x)")
+                   f"{len(checks)} run(s) within {max_error:.0%}; largest error {worst.error:.1%} "
+                   f"({worst.name}: predicted {worst.predicted:.2f}x, measured {worst.measured:.2f}x)")
 
 
 def token_mismatches(pairs: Iterable[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, int, str | None]:
