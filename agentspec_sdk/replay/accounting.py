@@ -103,7 +103,8 @@ def peer_table(runs: Iterable[Mapping]) -> list[dict]:
             by_cost = min(stock, key=lambda r: r.get("cost") or float("inf"))
             by_speed = max(stock, key=lambda r: r.get("decode_tok_s") or 0.0)
             row.update({"best_stock_by_cost": by_cost["mode"], "best_stock_cost": by_cost.get("cost"),
-                        "best_stock_by_tok_s": by_speed["mode"], "best_stock_tok_s": by_speed.get("decode_tok_s"),
+                        "best_stock_by_tok_s": by_speed["mode"],
+                        "best_stock_tok_s": by_speed.get("decode_tok_s"),
                         "cost_vs_best_stock": _ratio(by_cost.get("cost"), st.get("cost")),
                         "tok_s_vs_best_stock": _ratio(st.get("decode_tok_s"), by_speed.get("decode_tok_s"))})
             oc = st.get("oracle_cost")

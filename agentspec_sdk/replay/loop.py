@@ -186,7 +186,8 @@ class GrammarCache:
                 elif choice == "call" and layout == "react":
                     grammar = react_call_grammar(episode.format, episode.tools)
                 else:
-                    grammar = turn_grammar(episode.format, ToolRegistry(list(episode.tools)), tool_choice=choice)
+                    grammar = turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
+                                           tool_choice=choice)
                 self._cache[key] = grammar
             return self._cache[key]
 
@@ -202,7 +203,8 @@ def make_request(**fields: Any) -> Any:
 
 def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, classifier: TokenClassifier,
                 max_tokens: int, max_steps: Callable[[int], int], max_segments: int | None = None,
-                latency_scale: float = 1.0, sleep: bool = True, on_turn: Callable[[TurnLog], None] | None = None,
+                latency_scale: float = 1.0, sleep: bool = True,
+                on_turn: Callable[[TurnLog], None] | None = None,
                 temperature: float = 0.0, grammar: str | None = None,
                 tool_choice: str | None = None) -> tuple[list[TurnLog], list[Turn]]:
     """Run one episode: returns the per-turn logs and the turns as this run produced them."""

@@ -44,12 +44,14 @@ def law_costs(model: law.PassCosts, comp: Mapping, proposer: Mapping | None = No
     t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], grammar=comp.get("grammar", 0.0),
                           proposer=False)
     if t_off <= 0:
-        raise LawInputError(f"the pass cost model predicts {t_off:.3g} s for a pass of {n:.1f} rows: no law terms")
+        raise LawInputError(f"the pass cost model predicts {t_off:.3g} s for a pass of {n:.1f} rows: no law "
+                            "terms")
     c = model.coef
     per_token = c["verified"] + c["verified_ctx"] * ctx_row / 1000.0 + c["schema"] * schema
     prop = (model.proposer if proposer is None else proposer) or {}
     fixed = (prop.get("base", 0.0) + prop.get("row", 0.0) * n + prop.get("ctx", 0.0) * comp["ctx"] / 1000.0)
-    return {"c_t": t_off, "delta": max(n * per_token / t_off, 0.0), "d": max(n * prop.get("drafted", 0.0) / t_off, 0.0),
+    return {"c_t": t_off, "delta": max(n * per_token / t_off, 0.0),
+            "d": max(n * prop.get("drafted", 0.0) / t_off, 0.0),
             "overhead": max(fixed / t_off, 0.0), "rows": n, "ctx_per_row": ctx_row, "schema_share": schema}
 
 
@@ -70,7 +72,8 @@ def fit_costs_from_turns(logs_by_mode: Mapping[str, list[TurnLog]]) -> dict:
     return law.fit_turn_costs(xs, ys)
 
 
-def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int, entropies: Mapping[str, list] | None = None) -> dict:
+def fit_law(spec_logs: list[TurnLog], costs: Mapping, gamma: int,
+            entropies: Mapping[str, list] | None = None) -> dict:
     """kappa and rho per class from the round records. With per-class next-token entropies,
     rho_c = exp(-mean H_c) and kappa is fitted by maximum likelihood; without them kappa is not
     identifiable from acceptance alone and is fixed at 1, so rho_c is the per-position acceptance."""
@@ -122,7 +125,8 @@ def predict(fit: Mapping, w: Mapping[str, float | None], gamma: int, costs: Mapp
             "w_s": shares["S"], "tau": rep["tau"], "tau_by_class": rep["tau_by_class"],
             "saving": rep["saving"], "speedup": rep["speedup"], "saving_round": rep["saving"],
             "w_s_star": rep["w_s_star_exact"], "w_s_star_approx": rep["w_s_star_approx"],
-            "w_s_star_reason": rep["w_s_star_exact_reason"], "w_s_star_approx_reason": rep["w_s_star_approx_reason"],
+            "w_s_star_reason": rep["w_s_star_exact_reason"],
+            "w_s_star_approx_reason": rep["w_s_star_approx_reason"],
             "eps_bar": rep["eps_bar"]}
 
 
@@ -147,7 +151,8 @@ def tau_rounds(fit: Mapping, run: Mapping, pred: Mapping) -> float | None:
     total = sum(shares.values()) or 1.0
     params = law.LawParams(fit["kappa"], pred["delta"], pred["d"])
     mix = law.ClassMix({c: v / total for c, v in shares.items()}, dict(fit["rho"]))
-    return sum(b["rounds"] * _tau_at(params, mix, c, b["drafted"] / b["rounds"]) for c, b in by.items()) / run["rounds"]
+    return sum(b["rounds"] * _tau_at(params, mix, c, b["drafted"] / b["rounds"])
+               for c, b in by.items()) / run["rounds"]
 
 
 def run_composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
@@ -163,7 +168,8 @@ def run_composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
 
 
 def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mapping,
-                  comp_off: Mapping | None, proposer: Mapping | None = None, measured_drafts: bool = True) -> dict:
+                  comp_off: Mapping | None, proposer: Mapping | None = None,
+                  measured_drafts: bool = True) -> dict:
     """Predicted against measured decode speedup of one speculative run, as the product of three
     factors: tokens per row-pass (1 + f tau, f = the share of row-passes that drafted, tau from the
     law), the off pass over the speculative pass (the fitted pass costs at each run's measured
@@ -181,11 +187,14 @@ def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mappi
     acc_pred = 1.0 + f * tau
     predicted = float(1.0 / law.pass_cost_ratio(tau, t_off, t_spec, f))
     acc_meas = run["output_tokens"] / row_passes
-    factors = {"tokens per row-pass (tau)": {"predicted": acc_pred, "measured": acc_meas, "error": acc_pred / acc_meas}}
+    factors = {"tokens per row-pass (tau)": {"predicted": acc_pred, "measured": acc_meas,
+                                             "error": acc_pred / acc_meas}}
     measured = run.get("speedup_decode")
     if comp.get("s") and comp_off and comp_off.get("s"):
-        factors["speculative pass (s)"] = {"predicted": t_spec, "measured": comp["s"], "error": comp["s"] / t_spec}
-        factors["off pass (s)"] = {"predicted": t_off, "measured": comp_off["s"], "error": t_off / comp_off["s"]}
+        factors["speculative pass (s)"] = {"predicted": t_spec, "measured": comp["s"],
+                                           "error": comp["s"] / t_spec}
+        factors["off pass (s)"] = {"predicted": t_off, "measured": comp_off["s"],
+                                   "error": t_off / comp_off["s"]}
         if measured:
             rest = measured / (acc_meas * comp_off["s"] / comp["s"])
             factors["time outside passes"] = {"predicted": 1.0, "measured": rest, "error": 1.0 / rest}
@@ -219,7 +228,8 @@ def decisions(runs: list[dict], fit: Mapping, primary: Mapping) -> list[dict]:
             g = max(1, round(b["drafted"] / rounds)) if rounds else 1
             t_pred = float(law.tau_by_class(params, mix, g)[c])
             s_pred = float(law.saving(g, t_pred, pred["delta"], pred["d"]))
-            s_meas = float(law.saving(g, b["accepted"] / rounds, pred["delta"], pred["d"])) if rounds else None
+            s_meas = (float(law.saving(g, b["accepted"] / rounds, pred["delta"], pred["d"])) if rounds
+                      else None)
             out.append({"arm": r["arm"], "class": c, "speculate": s_pred > 0, "gamma": g, "rounds": rounds,
                         "tau_predicted": t_pred, "tau_measured": b["accepted"] / rounds if rounds else None,
                         "saving_predicted": s_pred, "saving_measured": s_meas})

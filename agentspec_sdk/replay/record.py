@@ -57,7 +57,8 @@ def bfcl_episode_stub(entry: dict, category: str, max_segments: int, fmt: str = 
     if not users:
         raise TraceError(f"BFCL entry {entry['id']} has no user message")
     source = {"name": "bfcl-multi-turn", "dataset": f"BFCL_v4_multi_turn_{category}", "entry_id": entry["id"],
-              "license": bfcl.LICENSE, "url": bfcl.DATASET_URL, "initial_config": entry.get("initial_config", {}),
+              "license": bfcl.LICENSE, "url": bfcl.DATASET_URL,
+              "initial_config": entry.get("initial_config", {}),
               "involved_classes": entry["involved_classes"]}
     if long_context:
         source.update(long_context=True, tool_docs="full BFCL documentation")

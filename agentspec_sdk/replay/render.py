@@ -18,8 +18,8 @@ def _f(x: Any, spec: str = ".2f") -> str:
 def markdown(report: Mapping) -> str:
     lines = [f"# AgentSpec report{' (PARTIAL: interrupted)' if report.get('partial') else ''}", ""]
     meta = report.get("meta", {})
-    lines.append(f"Model: {meta.get('model', '?')} · machine: {meta.get('platform', '?')}, {meta.get('cpus', '?')} "
-                 f"CPUs · seed {meta.get('seed', '?')} · versions: "
+    lines.append(f"Model: {meta.get('model', '?')} · machine: {meta.get('platform', '?')}, "
+                 f"{meta.get('cpus', '?')} CPUs · seed {meta.get('seed', '?')} · versions: "
                  + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()))
     lines += ["", "## Runs", "",
               "| arm | mode | γ | b | cache | class | tokens | drafted | accepted | τ (mean acc./round) "
@@ -27,16 +27,19 @@ def markdown(report: Mapping) -> str:
               "|" + "---|" * 18]
     for r in report.get("runs", []):
         pred = r.get("predicted") or {}
-        lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | {'on' if r['prefix_cache'] else 'off'} "
+        lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | "
+                     f"{'on' if r['prefix_cache'] else 'off'} "
                      f"| all | {r['output_tokens']} | {r['drafted']} | {r['accepted']} | {_f(r['tau_mean'])} "
-                     f"| {_f(r['decode_tok_s'], '.1f')} | {_f(r['wall_s'], '.1f')} | {_f(r['speedup_decode'])}× "
+                     f"| {_f(r['decode_tok_s'], '.1f')} | {_f(r['wall_s'], '.1f')} | "
+                     f"{_f(r['speedup_decode'])}× "
                      f"| {_f(r['speedup_e2e'])}× | {_f(pred.get('tau'))} | {_f(pred.get('saving'))} "
                      f"| {_f(r['w']['S'])} | {_f(pred.get('w_s_star'))} |")
         if r["mode"] != "off":
             for c in CLASSES:
                 b = r["by_class"].get(c, {})
                 pt = (pred.get("tau_by_class") or {}).get(c)
-                lines.append(f"| | | | | | {c} | {b.get('tokens', 0)} | {b.get('drafted', 0)} | {b.get('accepted', 0)} "
+                lines.append(f"| | | | | | {c} | {b.get('tokens', 0)} | {b.get('drafted', 0)} | "
+                             f"{b.get('accepted', 0)} "
                              f"| {_f(b.get('tau_mean'))} | | | | | {_f(pt)} | | {_f(r['w'].get(c))} | |")
     lines += _peer_lines(report)
     fit = report.get("law_fit")
@@ -48,31 +51,38 @@ def markdown(report: Mapping) -> str:
         lw = report.get("breakeven") or {}
         if "w_s_star_exact" in lw:
             lines.append("")
-            lines.append(f"Breakeven schema share at the primary run (γ = {lw['gamma_drafted']} drafted per round, "
-                         f"δ = {lw['delta']:.3f}, d = {lw['d']:.3f}): w_S* exact {_share(lw, 'exact')}, "
-                         f"small-ε̄ approx {_share(lw, 'approx')}")
+            lines.append(f"Breakeven schema share at the primary run (γ = {lw['gamma_drafted']} drafted per "
+                         f"round, δ = {lw['delta']:.3f}, d = {lw['d']:.3f}): w_S* exact "
+                         f"{_share(lw, 'exact')}, small-ε̄ approx {_share(lw, 'approx')}")
         lines += _cost_model_lines(fit.get("costs") or {})
-    checks = [(r, r["predicted"]["check"]) for r in report.get("runs", []) if (r.get("predicted") or {}).get("check")]
+    checks = [(r, r["predicted"]["check"]) for r in report.get("runs", [])
+              if (r.get("predicted") or {}).get("check")]
     if checks:
         lines += ["", "## Predicted vs measured decode speedup", "",
-                  "| arm | mode | γ | b | cache | predicted | measured | error | term most off | 1 + fτ pred./meas. "
-                  "| spec pass ms pred./meas. | off pass ms pred./meas. | outside passes |", "|" + "---|" * 13]
+                  "| arm | mode | γ | b | cache | predicted | measured | error | term most off | 1 + fτ "
+                  "pred./meas. | spec pass ms pred./meas. | off pass ms pred./meas. | outside passes |",
+                  "|" + "---|" * 13]
         for r, c in checks:
             fa = c["factors"]
             tau_f = fa.get("tokens per row-pass (tau)", {})
-            sp, op, out = fa.get("speculative pass (s)", {}), fa.get("off pass (s)", {}), fa.get("time outside passes", {})
-            worst = law.SpeedupCheck("", c["speedup"], c["measured"] or 1.0, fa).off_term if c["measured"] else None
-            lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | {'on' if r['prefix_cache'] else 'off'} "
-                         f"| {_f(c['speedup'])}× | {_f(c['measured'])}× | {_f(c['error'], '.1%')} | {worst or '–'} "
-                         f"| {_f(tau_f.get('predicted'))}/{_f(tau_f.get('measured'))} "
+            sp, op, out = (fa.get("speculative pass (s)", {}), fa.get("off pass (s)", {}),
+                           fa.get("time outside passes", {}))
+            worst = (law.SpeedupCheck("", c["speedup"], c["measured"] or 1.0, fa).off_term if c["measured"]
+                     else None)
+            lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | "
+                         f"{'on' if r['prefix_cache'] else 'off'} "
+                         f"| {_f(c['speedup'])}× | {_f(c['measured'])}× | {_f(c['error'], '.1%')} | "
+                         f"{worst or '–'} | {_f(tau_f.get('predicted'))}/{_f(tau_f.get('measured'))} "
                          f"| {_ms(sp.get('predicted'))}/{_ms(sp.get('measured'))} "
-                         f"| {_ms(op.get('predicted'))}/{_ms(op.get('measured'))} | {_f(out.get('measured'))} |")
+                         f"| {_ms(op.get('predicted'))}/{_ms(op.get('measured'))} | "
+                         f"{_f(out.get('measured'))} |")
     lines += ["", "## Verdicts", ""]
     for v in report.get("verdicts", []):
         lines.append(f"- **{v['name']}**: {v['status']} — {v['text']}")
     ll = report.get("lossless", {})
-    lines += ["", f"Lossless check: {ll.get('mismatched')} of {ll.get('compared')} speculative outputs differ from "
-              "`off` for the same prompt."]
+    lines += ["",
+              f"Lossless check: {ll.get('mismatched')} of {ll.get('compared')} speculative outputs differ "
+              "from `off` for the same prompt."]
     too_long = {f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}": r["too_long"]
                 for r in report.get("runs", []) if r.get("too_long")}
     if too_long:
@@ -83,9 +93,10 @@ def markdown(report: Mapping) -> str:
         for d in report["decisions"]:
             what = "speculate" if d["speculate"] else "do not speculate"
             extra = (f", τ predicted {_f(d.get('tau_predicted'))} / measured {_f(d.get('tau_measured'))}, "
-                     f"{d['rounds']} rounds at γ {d['gamma']}") if d["class"] != "all" else " (decode, whole arm)"
-            lines.append(f"- arm {d['arm']}, {d['class']}: **{what}** — saving predicted {_f(d['saving_predicted'])}, "
-                         f"measured {_f(d['saving_measured'])}{extra}")
+                     f"{d['rounds']} rounds at γ {d['gamma']}") if d["class"] != "all" \
+                else " (decode, whole arm)"
+            lines.append(f"- arm {d['arm']}, {d['class']}: **{what}** — saving predicted "
+                         f"{_f(d['saving_predicted'])}, measured {_f(d['saving_measured'])}{extra}")
     return "\n".join(lines) + "\n"
 
 
@@ -96,22 +107,27 @@ def _peer_lines(report: Mapping) -> list[str]:
         return []
     price = report.get("verify_price")
     how = (f"δ̂ from this run's step log ({price['steps']} steps: {1000 * price['a_s']:.1f} ms per pass + "
-           f"{1000 * price['b_s_per_row']:.2f} ms per row + {1000 * price['c_s_per_token']:.2f} ms per drafted "
-           "token; δ̂ at each run's mean rows)") if price else "δ̂ = 0 (too few proposer steps to fit it)"
+           f"{1000 * price['b_s_per_row']:.2f} ms per row + {1000 * price['c_s_per_token']:.2f} ms per "
+           "drafted token; δ̂ at each run's mean rows)") if price \
+        else "δ̂ = 0 (too few proposer steps to fit it)"
     lines = ["", "## Target passes and cost (deterministic at temperature 0)", "",
              f"cost = passes + δ̂ · drafted, passes = Σ (output tokens − accepted); {how}. The oracle drafts "
              "exactly the γ tokens the target writes next.", "",
-             "| arm | mode | γ | b | cache | passes | drafted | accepted | δ̂ | cost | oracle cost | decode tok/s |",
+             "| arm | mode | γ | b | cache | passes | drafted | accepted | δ̂ | cost | oracle cost | decode "
+             "tok/s |",
              "|" + "---|" * 12]
     for r in runs:
-        lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | {'on' if r['prefix_cache'] else 'off'} "
+        lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | "
+                     f"{'on' if r['prefix_cache'] else 'off'} "
                      f"| {r['passes']} | {r['drafted']} | {r['accepted']} | {_f(r.get('delta_hat'), '.3f')} "
-                     f"| {_f(r.get('cost'), '.0f')} | {_f(r.get('oracle_cost'), '.0f')} | {_f(r['decode_tok_s'], '.1f')} |")
+                     f"| {_f(r.get('cost'), '.0f')} | {_f(r.get('oracle_cost'), '.0f')} | "
+                     f"{_f(r['decode_tok_s'], '.1f')} |")
     peers = report.get("peers") or []
     if peers:
-        lines += ["", "| arm | γ | b | structure ÷ off (cost / tok/s) | best stock by cost | structure ÷ best stock, "
-                  "cost | best stock by tok/s | structure ÷ best stock, tok/s | oracle ÷ best stock (cost) "
-                  "| share of the oracle's gain |", "|" + "---|" * 10]
+        lines += ["",
+                  "| arm | γ | b | structure ÷ off (cost / tok/s) | best stock by cost | structure ÷ best "
+                  "stock, cost | best stock by tok/s | structure ÷ best stock, tok/s | oracle ÷ best stock "
+                  "(cost) | share of the oracle's gain |", "|" + "---|" * 10]
         for p in peers:
             lines.append(f"| {p['arm']} | {p['gamma']} | {p['batch']} | {_f(p.get('cost_vs_off'))}× / "
                          f"{_f(p.get('tok_s_vs_off'))}× | {p.get('best_stock_by_cost', '–')} "
@@ -135,23 +151,25 @@ def _cost_model_lines(costs: Mapping) -> list[str]:
     if not m:
         return []
     lines = ["", "## Pass cost model (seconds per unit, ± SE)", "",
-             f"{m['passes']} passes, mean {1000 * m['mean_s']:.1f} ms, residual SD {1000 * m['residual_sd']:.1f} ms, "
-             f"R² {m['r2']:.2f} ({costs.get('source', '')})", ""]
+             f"{m['passes']} passes, mean {1000 * m['mean_s']:.1f} ms, residual SD "
+             f"{1000 * m['residual_sd']:.1f} ms, R² {m['r2']:.2f} ({costs.get('source', '')})", ""]
     for k in law.PASS_TERMS:
         if k not in m["coef"]:  # a report written before this term existed
             continue
         if k in m["dropped"]:
             lines.append(f"- {k} ({law.PASS_TERM_TEXT[k]}): not fitted — {m['dropped'][k]}")
         else:
-            lines.append(f"- {k} ({law.PASS_TERM_TEXT[k]}): {1000 * m['coef'][k]:.3f} ± {1000 * m['se'][k]:.3f} ms")
+            lines.append(f"- {k} ({law.PASS_TERM_TEXT[k]}): {1000 * m['coef'][k]:.3f} ± "
+                         f"{1000 * m['se'][k]:.3f} ms")
     p = m.get("proposer") or {}
     if p:
-        lines.append(f"- proposer: {1000 * p['mean_s']:.2f} ms per step on average = {1000 * p['base']:.2f} ms + "
-                     f"{1000 * p['row']:.3f} ms per row + {1000 * p['drafted']:.3f} ms per drafted token + "
-                     f"{1000 * p['ctx']:.3f} ms per 1k context tokens")
+        lines.append(f"- proposer: {1000 * p['mean_s']:.2f} ms per step on average = {1000 * p['base']:.2f} "
+                     f"ms + {1000 * p['row']:.3f} ms per row + {1000 * p['drafted']:.3f} ms per drafted "
+                     f"token + {1000 * p['ctx']:.3f} ms per 1k context tokens")
     lines.append(f"- law terms at the primary structure run's mean pass ({costs['rows']:.1f} rows, "
                  f"{costs['ctx_per_row']:.0f} context tokens per row): c_T = {1000 * costs['c_t']:.1f} ms, "
-                 f"δ = {costs['delta']:.3f}, d = {costs['d']:.3f}, proposer overhead {costs['overhead']:.3f} c_T per pass")
+                 f"δ = {costs['delta']:.3f}, d = {costs['d']:.3f}, proposer overhead {costs['overhead']:.3f} "
+                 "c_T per pass")
     return lines
 
 

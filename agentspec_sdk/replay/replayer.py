@@ -59,7 +59,8 @@ class ObservationBook:
         # the shadow environment applies every call, so its state follows the agent's own actions
         shadow = env.execute(name, arguments) if runs and not exact_only else None
         key = canonical(arguments)
-        exact = [i for i, (_, t) in enumerate(self.entries) if t.name == name and canonical(t.arguments) == key]
+        exact = [i for i, (_, t) in enumerate(self.entries) if t.name == name
+                 and canonical(t.arguments) == key]
         if exact:
             i = min(exact, key=lambda i: (self.used[i], abs(self.entries[i][0] - segment), i))
             obs = self._take(i, "exact")
@@ -97,7 +98,8 @@ class ReplayRun:
     matches: dict[str, int] = field(default_factory=dict)
 
 
-def replay(engine: Any, episodes: list[Episode], *, tokenizer: Any, concurrency: int = 8, max_tokens: int = 160,
+def replay(engine: Any, episodes: list[Episode], *, tokenizer: Any, concurrency: int = 8,
+           max_tokens: int = 160,
            max_segments: int | None = None, max_steps: int | None = None, latency_scale: float = 1.0,
            on_turn: Callable[[TurnLog], None] | None = None, env_factory=None,
            grammar: str | None = None, tool_choice: str | None = None) -> ReplayRun:

@@ -86,12 +86,14 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
             if k[1] != "off" and proposer_steps:
                 joined.add(k)
                 if not any("drafted_s" in st for st in proposer_steps):  # a stock drafter: no segment class
-                    w_s = next((float(r["w"].get("S") or 0.0) for r in runs if (run_key(r), r["mode"]) == k), 0.0)
+                    w_s = next((float(r["w"].get("S") or 0.0) for r in runs if (run_key(r), r["mode"]) == k),
+                               0.0)
                     for p in tables[k]:
                         p["drafted_s"] = p["drafted"] * w_s
     if not tables:  # reports of engines without a pass log: the proposer's step gaps
         pass_source = "proposer step gaps (no engine pass log)"
-        tables = {k: passes_from_steps(v) for k, v in (steps or {}).items() if k[1].startswith("structure") and v}
+        tables = {k: passes_from_steps(v) for k, v in (steps or {}).items() if k[1].startswith("structure")
+                  and v}
         joined = set(tables)
     comps = {k: mean_pass(t) for k, t in tables.items()}
     model, model_method = fit_pass_costs(tables, joined) if tables else (None, "no pass or step log")
@@ -101,7 +103,8 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
     primary_key = next((k for k in comps if k[1] == "structure" and k[0][1] == primary["batch"]
                         and k[0][2] == gamma and comps[k]), None)
     try:
-        law_terms = law_costs(model, comps[primary_key]) if model is not None and primary_key is not None else None
+        law_terms = (law_costs(model, comps[primary_key]) if model is not None and primary_key is not None
+                     else None)
     except LawInputError as exc:
         law_terms, model_method = None, str(exc)
     if law_terms is not None:
@@ -120,7 +123,8 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         if fit is not None and r["mode"] in SPECULATIVE and r["output_tokens"] and r["rounds"]:
             comp = comps.get(key)
             try:
-                run_costs = law_costs(model, run_composition(comp, r, key in joined), proposers.get(r["mode"])) \
+                run_costs = law_costs(model, run_composition(comp, r, key in joined),
+                                      proposers.get(r["mode"])) \
                     if model is not None and comp else None
             except LawInputError:
                 run_costs = None
@@ -132,21 +136,25 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
             chk = None
             if model is not None and comp:
                 try:
-                    chk = speedup_check(r, r["predicted"], model, comp, offs.get((r["arm"], r["batch"], r["prefix_cache"])),
+                    chk = speedup_check(r, r["predicted"], model, comp,
+                                        offs.get((r["arm"], r["batch"], r["prefix_cache"])),
                                         proposers.get(r["mode"]), key in joined)
-                except LawInputError as exc:  # a fit that predicts a non-positive pass here: no check, and why
+                # a fit that predicts a non-positive pass here: no check, and why
+                except LawInputError as exc:
                     r["predicted"]["check_error"] = str(exc)
             if chk is not None:
                 r["predicted"].update(speedup=chk["speedup"], saving=chk["saving"], check=chk)
                 if chk["measured"]:
-                    name = f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}" + ("" if r["prefix_cache"] else "/no-cache")
+                    name = f"{r['arm']}/{r['mode']}/γ{r['gamma']}/b{r['batch']}" + ("" if r["prefix_cache"]
+                                                                                    else "/no-cache")
                     checks.append(law.SpeedupCheck(name, chk["speedup"], chk["measured"], chk["factors"]))
             r["predicted_error"] = r["predicted"].get("check", {}).get("error")
         if r["mode"] != "off" and r["saving_measured"] is not None and r["w"]["S"] is not None:
             measured.append({"arm": r["arm"], "mode": r["mode"], "gamma": r["gamma"], "batch": r["batch"],
                              "w_s": r["w"]["S"], "saving": r["saving_measured"],
                              "predicted": (r.get("predicted") or {}).get("saving")})
-        if r["batch"] == primary["batch"] and (r["mode"] == "off" or r["gamma"] == gamma) and r["prefix_cache"]:
+        if r["batch"] == primary["batch"] and (r["mode"] == "off"
+                                               or r["gamma"] == gamma) and r["prefix_cache"]:
             speedup.setdefault(r["arm"], {})[r["mode"]] = {
                 "decode": r["speedup_decode"], "e2e": r["speedup_e2e"], "decode_tok_s": r["decode_tok_s"],
                 "batch": r["batch"], "gamma": r["gamma"]}
@@ -180,11 +188,13 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
                        "delta": fit["delta"], "d": fit["d"], "gamma": gamma}
         pred = (primary_run or {}).get("predicted") or {}
         if pred:  # the breakeven at the primary run's measured draft length and costs
-            breakeven.update({"delta": pred["delta"], "d": pred["d"],"gamma_drafted": pred["gamma"], "overhead": pred.get("overhead", 0.0),
-                                "draft_share": (pred.get("check") or {}).get("draft_share"),
-                                "w_s_star_exact": pred["w_s_star"], "w_s_star_exact_reason": pred["w_s_star_reason"],
-                                "w_s_star_approx": pred["w_s_star_approx"],
-                                "w_s_star_approx_reason": pred["w_s_star_approx_reason"]})
+            breakeven.update({"delta": pred["delta"], "d": pred["d"],"gamma_drafted": pred["gamma"],
+                              "overhead": pred.get("overhead", 0.0),
+                              "draft_share": (pred.get("check") or {}).get("draft_share"),
+                              "w_s_star_exact": pred["w_s_star"],
+                              "w_s_star_exact_reason": pred["w_s_star_reason"],
+                              "w_s_star_approx": pred["w_s_star_approx"],
+                              "w_s_star_approx_reason": pred["w_s_star_approx_reason"]})
     report = {
         "schema": SCHEMA, "partial": partial,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -43,7 +43,8 @@ class Plan:
     latency_scale: float = 1.0
     enforce_eager: bool = True  # skip torch.compile: ~15 s per engine start instead of ~90 s here
     entropies: bool = False  # after the timed runs: the target's next-token entropies per class (kappa fit)
-    entropy_tokens: int | None = None  # prompt + output tokens scored at most (None: target_entropy's default)
+    # prompt + output tokens scored at most (None: target_entropy's default)
+    entropy_tokens: int | None = None
     meta: dict = field(default_factory=dict)
 
     def expected_turns(self) -> int:
@@ -75,7 +76,8 @@ def build_engine(plan: Plan, cfg: ModeConfig):
     # The proposer picks a row's format by the open markers its prompt mentions, ties going to the
     # first: prose prompts mention none, so `prose` goes first, and only when arm A needs it.
     builtins = [REACT, TOOL_CALLS, CODE_AGENT]
-    formats = [PROSE, *builtins] if any(a.episodes and a.episodes[0].format == PROSE.name for a in plan.arms) \
+    formats = [PROSE, *builtins] \
+        if any(a.episodes and a.episodes[0].format == PROSE.name for a in plan.arms) \
         else builtins
     return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
@@ -165,8 +167,8 @@ def _measure_in_child(plan: Plan, cfg: ModeConfig, handle: Callable[[tuple], Non
                 event = events.get(timeout=1.0)
             except queue_mod.Empty:
                 if not proc.is_alive():
-                    raise BackendError(f"measuring process for {_label(cfg)} died (exit code {proc.exitcode})") \
-                        from None
+                    raise BackendError(f"measuring process for {_label(cfg)} died "
+                                       f"(exit code {proc.exitcode})") from None
                 continue
             if event[0] == "done":
                 break
@@ -184,7 +186,8 @@ def _measure_in_child(plan: Plan, cfg: ModeConfig, handle: Callable[[tuple], Non
         events.join_thread()
 
 
-def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callable[[TurnLog], None] | None = None,
+def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
+             on_turn: Callable[[TurnLog], None] | None = None,
              on_status: Callable[[str], None] | None = None, plots: bool = True,
              engine_factory: Callable[[Plan, ModeConfig], Any] | None = None) -> dict:
     """Measure every config × arm × batch; return the final report (also written to `out_dir`).
@@ -200,7 +203,8 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any, on_turn: Callab
             "arms": [a.name for a in plan.arms], "batches": plan.batches,
             "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
             "enforce_eager": plan.enforce_eager,
-            "engine_process": "in-process" if engine_factory is not None else "one spawned process per config"}
+            "engine_process": "in-process" if engine_factory is not None
+            else "one spawned process per config"}
 
     entropies: dict[str, list[float]] = {}
 

@@ -43,8 +43,8 @@ from agentspec_sdk.errors import SandboxError
 ISOLATIONS = ("namespace", "userns", "none")
 UID_BASE = 61000  # a pool of unused uids, one per concurrent run (RLIMIT_NPROC counts per uid)
 UID_POOL = 512
-SETUP_FAILED = 125
-OUTPUT_FLOOD = 64  # output beyond this many times `output_bytes` kills the run  # exit code of the sandbox's PID 1 when it could not set the run up
+SETUP_FAILED = 125  # exit code of the sandbox's PID 1 when it could not set the run up
+OUTPUT_FLOOD = 64  # output beyond this many times `output_bytes` kills the run
 
 _SIGNALS = {signal.SIGKILL: "killed (SIGKILL)", signal.SIGXCPU: "CPU time limit exceeded (SIGXCPU)",
             signal.SIGXFSZ: "file size limit exceeded (SIGXFSZ)", signal.SIGSEGV: "crashed (SIGSEGV)",
@@ -106,7 +106,7 @@ class SandboxResult:
 # PID 1 of the sandbox (namespace/userns) or its parent (none): reads the code on stdin, sets up the
 # folders, forks the run with its limits and identity, waits, and exits with the run's status.
 # stdlib only, run with `python -I -S`.
-_INIT = r'''
+_INIT = (r'''
 import ctypes, json, os, resource, shutil, sys, tempfile
 p = json.loads(sys.argv[1])
 code = sys.stdin.buffer.read()
@@ -149,7 +149,8 @@ pid = os.fork()
 if pid == 0:
     try:
         null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0)
-        lim = [(resource.RLIMIT_CPU, p["cpu_s"], p["cpu_s"] + 1), (resource.RLIMIT_AS, p["memory_bytes"], None),
+        lim = [(resource.RLIMIT_CPU, p["cpu_s"], p["cpu_s"] + 1), '''
+r'''(resource.RLIMIT_AS, p["memory_bytes"], None),
                (resource.RLIMIT_NPROC, p["processes"], None), (resource.RLIMIT_FSIZE, p["file_bytes"], None),
                (resource.RLIMIT_NOFILE, p["open_files"], None), (resource.RLIMIT_CORE, 0, None)]
         for what, soft, hard in lim:
@@ -172,7 +173,7 @@ while True:
 if p["isolation"] == "none":
     shutil.rmtree(work, ignore_errors=True)
 os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-'''
+''')
 
 _probe_lock = threading.Lock()
 _probed: dict[str, str] = {}
@@ -287,7 +288,8 @@ class Sandbox:
         uid = self._take_uid()
         params = {"isolation": self.isolation, "uid": uid, "python": self.python, "expose": self._expose,
                   "writable": ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"],
-                  "cpu_s": int(lim.cpu_s), "memory_bytes": int(lim.memory_bytes), "processes": int(lim.processes),
+                  "cpu_s": int(lim.cpu_s), "memory_bytes": int(lim.memory_bytes),
+                  "processes": int(lim.processes),
                   "file_bytes": int(lim.file_bytes), "disk_bytes": int(lim.disk_bytes),
                   "open_files": int(lim.open_files)}
         init = [self.python, "-I", "-S", "-c", _INIT, json.dumps(params)]
@@ -304,8 +306,10 @@ class Sandbox:
     def _run(self, cmd: list[str], code: str, start: float) -> SandboxResult:
         lim = self.limits
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT,
+                                    start_new_session=True,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                                     cwd=tempfile.gettempdir())
         except OSError as err:
             raise SandboxError(f"cannot start the sandbox ({cmd[0]}): {err.strerror}") from None
@@ -345,7 +349,8 @@ class Sandbox:
         output = bytes(kept).decode("utf-8", "replace")
         code_ = proc.returncode
         if timed_out:
-            ok, error, exit_code = False, f"timed out after {lim.timeout_s:g} s wall clock (process killed)", None
+            ok, error, exit_code = (False, f"timed out after {lim.timeout_s:g} s wall clock (process killed)",
+                                    None)
         elif flooded.is_set():
             ok, error, exit_code = False, (f"output over {OUTPUT_FLOOD * lim.output_bytes} bytes "
                                            "(process killed)"), None

@@ -105,7 +105,8 @@ def _turn(data: Any, index: int) -> Turn:
     if role == "assistant":
         calls = data.get("tool_calls", [])
         if not isinstance(calls, list) or not all(
-                isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict)
+                isinstance(c, dict) and isinstance(c.get("name"), str)
+                and isinstance(c.get("arguments"), dict)
                 for c in calls):
             raise _Bad(f"{where}: tool_calls must be a list of {{'name': str, 'arguments': object}}")
         return Turn("assistant", content, tool_calls=calls)
@@ -191,7 +192,8 @@ def iter_traces(path: str | Path) -> Iterator[Episode]:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as err:
-                hint = "truncated line (no newline at end of file)" if not line.endswith("\n") else "corrupt JSON"
+                hint = ("truncated line (no newline at end of file)" if not line.endswith("\n")
+                        else "corrupt JSON")
                 raise TraceError(f"{path}:{lineno}: {hint}: {err.msg} at column {err.colno}") from None
             try:
                 episode = episode_from_dict(data)
