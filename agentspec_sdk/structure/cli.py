@@ -15,10 +15,12 @@ import typer
 from agentspec_sdk.errors import SchemaNotSupported
 from agentspec_sdk.structure.schema_compiler import schema_rules
 
-EXACTNESS_KEYS = ("exact", "completeness_failures", "soundness_failures", "completeness_unchecked", "disagreements")
+EXACTNESS_KEYS = ("exact", "completeness_failures", "soundness_failures", "completeness_unchecked",
+                  "disagreements")
 
 
-def coverage_report(root: Path, checker, *, limit: int = 0, relax=(), seconds: float = 2.0) -> tuple[dict, Counter]:
+def coverage_report(root: Path, checker, *, limit: int = 0, relax=(),
+                    seconds: float = 2.0) -> tuple[dict, Counter]:
     """Per dataset {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact",
     "completeness_failures", "soundness_failures", "completeness_unchecked", "disagreements",
     "examples"} and failure reasons. `seconds`: time for the exactness checks per schema (0: no
@@ -49,7 +51,8 @@ def coverage_report(root: Path, checker, *, limit: int = 0, relax=(), seconds: f
                 reasons[f"{folder.name}: unreadable: {exc}"] += 1
                 continue
             counts["compiled"] += 1
-            judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
+            judges = checker.judges(f"start: {rules.root}\n{rules.lark}",
+                                    f"root ::= {rules.root}\n{rules.gbnf}")
             for name, error in judges.errors.items():
                 if error is None:
                     counts[f"{name}_ok"] += 1
@@ -80,11 +83,14 @@ def _reason(exc: SchemaNotSupported) -> str:
 
 
 def coverage(
-    dir: Path = typer.Argument(..., exists=True, file_okay=False, help="one sub-folder of *.json schemas per dataset"),
+    dir: Path = typer.Argument(..., exists=True, file_okay=False,
+                               help="one sub-folder of *.json schemas per dataset"),
     json_: bool = typer.Option(False, "--json", help="print only the JSON summary"),
-    limit: int = typer.Option(0, "--limit", help="at most this many schemas per dataset, evenly spaced (0: all)"),
+    limit: int = typer.Option(0, "--limit",
+                              help="at most this many schemas per dataset, evenly spaced (0: all)"),
     relax: list[str] = typer.Option([], "--relax", help="opt-in relaxation (see docs/schema_coverage.md)"),
-    seconds: float = typer.Option(2.0, "--seconds", help="time per schema for the exactness checks (0: skip them)"),
+    seconds: float = typer.Option(2.0, "--seconds",
+                                  help="time per schema for the exactness checks (0: skip them)"),
 ) -> None:
     """Per dataset: schemas that compile, compile under lark, llguidance and xgrammar, and are exact."""
     from transformers import AutoTokenizer  # the command loads the tokenizer; the checker does not
@@ -95,7 +101,8 @@ def coverage(
     if seconds < 0:
         raise typer.BadParameter(f"--seconds must be 0 or more, not {seconds}")
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model()))
-    datasets, reasons = coverage_report(dir, GrammarChecker(tokenizer), limit=limit, relax=tuple(relax), seconds=seconds)
+    datasets, reasons = coverage_report(dir, GrammarChecker(tokenizer), limit=limit, relax=tuple(relax),
+                                        seconds=seconds)
     if json_:
         typer.echo(json.dumps({"datasets": datasets}, ensure_ascii=False))
         return

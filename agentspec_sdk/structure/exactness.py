@@ -173,7 +173,8 @@ def _hypothesis_compat() -> None:
     utils.many.more = more
 
 
-def _completeness(schema, reference, judges, validator, result: Exactness, seconds, examples, relax, closed) -> None:
+def _completeness(schema, reference, judges, validator, result: Exactness, seconds, examples, relax,
+                  closed) -> None:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis_jsonschema import from_schema
 
@@ -182,7 +183,8 @@ def _completeness(schema, reference, judges, validator, result: Exactness, secon
     values: list = []
     end = time.monotonic() + seconds
     try:
-        with _deadline(seconds * 1.5), warnings.catch_warnings():  # backstop: building the strategy can be slow
+        # backstop: building the strategy can be slow
+        with _deadline(seconds * 1.5), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # hypothesis warns about characters that do not round-trip
             strategy = from_schema(copy.deepcopy(reference))  # it rewrites the schema in place (sorted keys)
 
@@ -208,7 +210,8 @@ def _completeness(schema, reference, judges, validator, result: Exactness, secon
         if _is_valid(validator, value) is not True:
             continue
         texts = canonical_texts(schema, value, relax=relax, closed=closed)
-        accepted = [v for v in (_note_disagreement(result, judges, t)["llguidance"] for t in texts) if v is not None]
+        accepted = [v for v in (_note_disagreement(result, judges, t)["llguidance"] for t in texts)
+                    if v is not None]
         if not accepted:  # no canonical text the tokenizer can spell (see GrammarChecker.tokens_of)
             result.unspellable += 1
             continue
@@ -233,7 +236,8 @@ def _soundness(judges, validator, result: Exactness, seconds, walks, max_tokens,
             break
         matcher, out, finished = judges.llg.deep_copy(), bytearray(), False
         for step in range(max_tokens):
-            mask = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")[:size]
+            mask = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                                 bitorder="little")[:size]
             if mask[eos] and (rng.random() < 0.3 or step == max_tokens - 1):
                 finished = True
                 break

@@ -216,7 +216,8 @@ def _validate(fmt: AgentFormat) -> None:
     if not fmt.kinds:
         raise FormatError(f"{where}: no segment kinds")
     if fmt.initial not in {k.name for k in fmt.kinds}:
-        raise FormatError(f"{where}: initial kind {fmt.initial!r} is not one of {[k.name for k in fmt.kinds]}")
+        raise FormatError(f"{where}: initial kind {fmt.initial!r} is not one of "
+                          f"{[k.name for k in fmt.kinds]}")
     seen: dict[str, str] = {}
     for k in fmt.kinds:
         kw = f"{where}, segment kind {k.name!r}"
@@ -247,9 +248,11 @@ def _validate(fmt: AgentFormat) -> None:
             if needed not in seen:
                 raise FormatError(f"{where}: layout {fmt.layout!r} needs a segment kind named {needed!r}")
             if not fmt.kind(needed).open or fmt.kind(needed).writer != "model":
-                raise FormatError(f"{where}: kind {needed!r} of layout {fmt.layout!r} must be model-written with an open marker")
+                raise FormatError(f"{where}: kind {needed!r} of layout {fmt.layout!r} must be model-written "
+                                  "with an open marker")
         if fmt.layout in ("tool_calls", "code_agent") and not fmt.kind(LAYOUTS[fmt.layout][0]).delimited:
-            raise FormatError(f"{where}: kind {LAYOUTS[fmt.layout][0]!r} of layout {fmt.layout!r} needs close markers")
+            raise FormatError(f"{where}: kind {LAYOUTS[fmt.layout][0]!r} of layout {fmt.layout!r} needs "
+                              "close markers")
     owners: dict[str, str] = {}
     for k in fmt.kinds:
         for m in k.open:

@@ -225,5 +225,6 @@ class Judges:
             return None
         import numpy as np
 
-        return {"llguidance": self.checker.mask_first_bytes(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)),
+        return {"llguidance": self.checker.mask_first_bytes(np.frombuffer(matcher.compute_bitmask(),
+                                                                          dtype=np.uint8)),
                 "xgrammar": self.checker.mask_first_bytes(self.checker.xgrammar_bits(self.xg))}

@@ -36,7 +36,8 @@ def grammar_names() -> list[str]:
     """Names of the shipped grammars."""
     names: set[str] = set()
     try:
-        names |= {p.name[:-5] for p in importlib.resources.files("agentspec_sdk.grammars").iterdir() if p.name.endswith(".lark")}
+        names |= {p.name[:-5] for p in importlib.resources.files("agentspec_sdk.grammars").iterdir()
+                  if p.name.endswith(".lark")}
     except ModuleNotFoundError:
         pass
     if SOURCE_DIR.is_dir():

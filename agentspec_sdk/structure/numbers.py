@@ -79,7 +79,8 @@ def integer_range(lower: Bound, upper: Bound) -> Node:
 
 
 _FRACTION_ANY = opt(tok(seq(lit("."), rep(DIGIT, 1, None))))
-_EXPONENT = opt(tok(seq(chars([(0x45, 0x45), (0x65, 0x65)]), opt(chars([(0x2B, 0x2B), (0x2D, 0x2D)])), rep(DIGIT, 1, None))))
+_EXPONENT = opt(tok(seq(chars([(0x45, 0x45), (0x65, 0x65)]), opt(chars([(0x2B, 0x2B), (0x2D, 0x2D)])),
+                        rep(DIGIT, 1, None))))
 
 
 def _digits(lo: int, hi: int) -> Node:
@@ -141,7 +142,8 @@ def _split(value: Fraction) -> tuple[int, str]:
     return whole, digits
 
 
-def _non_negative_decimal(low: Fraction, low_inclusive: bool, high: Fraction | None, high_inclusive: bool) -> Node:
+def _non_negative_decimal(low: Fraction, low_inclusive: bool, high: Fraction | None,
+                          high_inclusive: bool) -> Node:
     """Decimals y >= 0 (no exponent) with low <(=) y <(=) high, 0 <= low."""
     low_int, low_digits = _split(low)
     low_op = "ge" if low_inclusive else "gt"
@@ -164,7 +166,9 @@ def _non_negative_decimal(low: Fraction, low_inclusive: bool, high: Fraction | N
 def number_range(lower: Bound, upper: Bound) -> Node:
     if lower is None and upper is None:
         return seq(opt(lit("-")), natural_range(0, None), _FRACTION_ANY, _EXPONENT)
-    if lower is not None and upper is not None and (upper[0] < lower[0] or (upper[0] == lower[0] and not (lower[1] and upper[1]))):
+    if lower is not None and upper is not None and (upper[0] < lower[0]
+                                                    or (upper[0] == lower[0]
+                                                        and not (lower[1] and upper[1]))):
         return NOTHING
     options = []
     if lower is None or lower[0] < 0:

@@ -110,7 +110,8 @@ class _Parser:
             return None
         body = self.p[self.i + 1 : j]
         parts = body.split(",")
-        if len(parts) > 2 or not parts[0].isdigit() or (len(parts) == 2 and parts[1] and not parts[1].isdigit()):
+        if len(parts) > 2 or not parts[0].isdigit() or (len(parts) == 2 and parts[1]
+                                                        and not parts[1].isdigit()):
             return None
         lo = int(parts[0])
         hi = lo if len(parts) == 1 else (int(parts[1]) if parts[1] else None)
@@ -181,7 +182,8 @@ class _Parser:
             if self.peek() == "-" and self.peek(1) not in ("]", ""):
                 self.i += 1
                 hi_set = self.class_atom(self.take())
-                if len(lo_set) != 1 or len(hi_set) != 1 or lo_set[0][0] != lo_set[0][1] or hi_set[0][0] != hi_set[0][1]:
+                if len(lo_set) != 1 or len(hi_set) != 1 or lo_set[0][0] != lo_set[0][1] \
+                        or hi_set[0][0] != hi_set[0][1]:
                     raise self.error("class escape used as a range bound")
                 lo, hi = lo_set[0][0], hi_set[0][0]
                 if hi < lo:
@@ -288,7 +290,8 @@ def length_bounds(node: Node) -> tuple[int, int | None]:
         return lo, hi
     if isinstance(node, Alt):
         bounds = [length_bounds(i) for i in node.items]
-        return min(b[0] for b in bounds), (None if any(b[1] is None for b in bounds) else max(b[1] for b in bounds))
+        return min(b[0] for b in bounds), (None if any(b[1] is None for b in bounds)
+                                           else max(b[1] for b in bounds))
     if isinstance(node, Rep):
         a, b = length_bounds(node.item)
         hi = None if node.max is None or b is None else b * node.max
@@ -494,7 +497,8 @@ def classify_keys(languages: list[Node]) -> list[tuple[frozenset, Node]]:
         current = todo.pop()
         row: dict[int, int] = {}
         for k, (lo, hi) in enumerate(symbols):
-            targets = [t for s in current for ranges, t in nfa.edges[s] if any(a <= lo and hi <= b for a, b in ranges)]
+            targets = [t for s in current for ranges, t in nfa.edges[s]
+                       if any(a <= lo and hi <= b for a, b in ranges)]
             nxt = nfa.closure(targets)
             if nxt not in states:
                 if len(states) >= MAX_DFA_STATES:
@@ -504,7 +508,8 @@ def classify_keys(languages: list[Node]) -> list[tuple[frozenset, Node]]:
             row[k] = states[nxt]
         transitions.append((states[current], row))
     table = dict(transitions)
-    tag_of = {number: frozenset(i for s in subset for i in nfa.tags.get(s, ())) for subset, number in states.items()}
+    tag_of = {number: frozenset(i for s in subset for i in nfa.tags.get(s, ()))
+              for subset, number in states.items()}
     classes = []
     for tags in sorted(set(tag_of.values()), key=sorted):
         finals = {n for n, t in tag_of.items() if t == tags}

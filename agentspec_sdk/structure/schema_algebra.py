@@ -241,7 +241,8 @@ def exclusive_required_branches(base: dict, branches: list[dict]) -> list[dict] 
             if key == "type" and types_of(branch) == ["object"]:
                 continue
             if key == "properties" and isinstance(value, dict) and all(
-                not strip_annotations(sub) or (name in base_props and same(strip_annotations(sub), strip_annotations(base_props[name])))
+                not strip_annotations(sub)
+                or (name in base_props and same(strip_annotations(sub), strip_annotations(base_props[name])))
                 for name, sub in value.items()
             ):
                 continue
@@ -381,26 +382,31 @@ def merge(a: dict, b: dict, pointer: str):
             out[key] = max(mine, value)
         elif key in ("maxLength", "maxItems", "maxProperties"):
             out[key] = min(mine, value)
-        elif key in ("minimum", "exclusiveMinimum") and not isinstance(mine, bool) and not isinstance(value, bool):
+        elif key in ("minimum", "exclusiveMinimum") and not isinstance(mine, bool) \
+                and not isinstance(value, bool):
             out[key] = max(mine, value)
-        elif key in ("maximum", "exclusiveMaximum") and not isinstance(mine, bool) and not isinstance(value, bool):
+        elif key in ("maximum", "exclusiveMaximum") and not isinstance(mine, bool) \
+                and not isinstance(value, bool):
             out[key] = min(mine, value)
         elif key == "enum":
             out[key] = [v for v in mine if any(json_equal(v, w) for w in value)]
         elif key == "const":
             if not json_equal(mine, value):
                 return False
-        elif key == "additionalProperties" and isinstance(mine, dict | bool) and isinstance(value, dict | bool):
+        elif key == "additionalProperties" and isinstance(mine, dict | bool) \
+                and isinstance(value, dict | bool):
             out[key] = {"allOf": [mine, value]}
         elif key in ("anyOf", "oneOf"):
             product = [{"allOf": [x, y]} for x in mine for y in value]
             if len(product) > MAX_BRANCH_PRODUCT:
-                raise SchemaNotSupported(f"allOf of two {key} lists is too large to expand", ptr(pointer, key))
+                raise SchemaNotSupported(f"allOf of two {key} lists is too large to expand",
+                                         ptr(pointer, key))
             if key == "oneOf":
                 raise SchemaNotSupported("allOf of two oneOf lists is not expressible", ptr(pointer, key))
             out[key] = product
         else:
-            raise SchemaNotSupported(f"allOf with two different {key!r} values is not expressible", ptr(pointer, key))
+            raise SchemaNotSupported(f"allOf with two different {key!r} values is not expressible",
+                                     ptr(pointer, key))
     # additionalProperties of one side also constrains the other side's extra properties.
     for side, other in ((a, b), (b, a)):
         if "additionalProperties" in side and side["additionalProperties"] is not True:

@@ -82,18 +82,21 @@ RELAXATIONS = {
 # Formats as ECMA regexes over the decoded string (approximations documented in schema_coverage.md).
 _MONTH_DAY = r"((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))"
 _LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
-_DATE = rf"(\d{{4}}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"  # RFC 3339 full-date, month lengths and leap years exact
+# RFC 3339 full-date, month lengths and leap years exact
+_DATE = rf"(\d{{4}}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 FORMATS = {
     "date": f"^{_DATE}$",
     "time": f"^{_TIME}$",
     "date-time": f"^{_DATE}[Tt]{_TIME}$",
-    "email": r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$",
+    "email": (r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+              r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"),
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
     "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
     "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
-    "hostname": r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$",
+    "hostname": (r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                 r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"),
 }
 # Formats the specifications define but this compiler does not express: asserting them is not
 # possible, so they raise unless the "format" relaxation is given. Other names are annotations.
@@ -126,11 +129,15 @@ class Dialect:
 
 
 DIALECTS = {
-    "draft-04": Dialect("draft-04", frozenset(_NEWER_THAN_7 | {"const", "contains", "propertyNames", "if", "then", "else"}), False, True),
+    "draft-04": Dialect("draft-04",
+                        frozenset(_NEWER_THAN_7
+                                  | {"const", "contains", "propertyNames", "if", "then", "else"}), False,
+                        True),
     "draft-06": Dialect("draft-06", frozenset(_NEWER_THAN_7 | {"if", "then", "else"}), False, True),
     "draft-07": Dialect("draft-07", frozenset(_NEWER_THAN_7), False, True),
     "2019-09": Dialect("2019-09", frozenset({"prefixItems", "dependencies", "$dynamicRef"}), True, True),
-    "2020-12": Dialect("2020-12", frozenset({"dependencies", "additionalItems", "$recursiveRef"}), True, False),
+    "2020-12": Dialect("2020-12", frozenset({"dependencies", "additionalItems", "$recursiveRef"}), True,
+                       False),
     # no `$schema`: 2020-12, and the keywords 2020-12 dropped keep their older meaning (it would
     # otherwise ignore them, or refuse `items: [...]`)
     "default": Dialect("default", frozenset({"$recursiveRef"}), True, True),
@@ -205,7 +212,8 @@ def canonical_texts(schema, value, *, relax=(), closed: bool = False, limit: int
 
 
 def schema_rules(
-    schema, prefix: str, *, whitespace: str = "compact", relax=(), formats: str = "assert", closed: bool = False
+    schema, prefix: str, *, whitespace: str = "compact", relax=(), formats: str = "assert",
+    closed: bool = False
 ) -> SchemaRules:
     """Prefixed rules (Lark and xgrammar EBNF) for one schema.
 
@@ -272,7 +280,8 @@ class _Compiler:
             self.rules[name] = self.node(schema, pointer, pointer.count("/"))
         dead = set(self.rules) - productive_rules(self.rules)
         if root_name in dead:
-            raise InvalidSchema("the schema accepts no instance (contradictory constraints, false, or recursion without a base case)", "")
+            raise InvalidSchema("the schema accepts no instance (contradictory constraints, false, or "
+                                "recursion without a base case)", "")
         if dead:
             self.rules = {k: prune(v, dead) for k, v in self.rules.items() if k not in dead}
         return root_name, self.rules
@@ -284,7 +293,8 @@ class _Compiler:
     # ------------------------------------------------------------ tokens and whitespace
 
     def ws(self) -> Node:
-        return opt(tok(rep(chars([(0x20, 0x20), (0x09, 0x0A), (0x0D, 0x0D)]), 1, 16))) if self.flexible else EMPTY
+        return (opt(tok(rep(chars([(0x20, 0x20), (0x09, 0x0A), (0x0D, 0x0D)]), 1, 16))) if self.flexible
+                else EMPTY)
 
     def punct(self, c: str) -> Node:
         if not self.flexible:
@@ -318,7 +328,8 @@ class _Compiler:
         if isinstance(value, list):
             if not value:
                 return self.empty("[", "]")
-            body = [self.value_tokens(value[0]), *(seq(self.punct(","), self.value_tokens(v)) for v in value[1:])]
+            body = [self.value_tokens(value[0]),
+                    *(seq(self.punct(","), self.value_tokens(v)) for v in value[1:])]
             return seq(self.punct("["), *body, self.punct("]"))
         text = canonical_literal(value)
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -339,7 +350,8 @@ class _Compiler:
         if schema is False:
             return NOTHING
         if not isinstance(schema, dict):
-            raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer)
+            raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}",
+                                pointer)
         schema = self.view(schema, pointer)
         meaningful = set(schema) - ANNOTATIONS
         if meaningful == {"$ref"}:
@@ -369,7 +381,8 @@ class _Compiler:
                 raise SchemaNotSupported(f"keyword {key!r} is not supported", ptr(pointer, key))
         if schema.get("uniqueItems") is True and "uniqueItems" not in self.relax:
             if not (isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= 1):
-                raise SchemaNotSupported("keyword 'uniqueItems' is not supported", ptr(pointer, "uniqueItems"))
+                raise SchemaNotSupported("keyword 'uniqueItems' is not supported",
+                                         ptr(pointer, "uniqueItems"))
         if "$ref" in schema:
             raise SchemaNotSupported("a $ref cycle through sibling keywords", ptr(pointer, "$ref"))
 
@@ -387,21 +400,27 @@ class _Compiler:
                 if isinstance(dep, list) and all(isinstance(d, str) for d in dep):
                     present = {"required": [name, *dep]}
                 elif isinstance(dep, dict | bool):
-                    flat = self.flatten(dep, ptr(pointer, keyword, name), frozenset()) if isinstance(dep, dict) else dep
+                    flat = (self.flatten(dep, ptr(pointer, keyword, name), frozenset())
+                            if isinstance(dep, dict) else dep)
                     if flat is True:
                         flat = {}
                     if isinstance(flat, dict):
-                        flat, props_done, items_done = self.nested_unevaluated(flat, ptr(pointer, keyword, name))
-                        if (props_done and "unevaluatedProperties" in schema) or (items_done and "unevaluatedItems" in schema):
-                            raise SchemaNotSupported("unevaluated* beside a dependent schema that evaluates everything "
-                                                     "is not expressible", ptr(pointer, keyword, name))
+                        flat, props_done, items_done = self.nested_unevaluated(flat,
+                                                                               ptr(pointer, keyword, name))
+                        if (props_done and "unevaluatedProperties" in schema) \
+                                or (items_done and "unevaluatedItems" in schema):
+                            raise SchemaNotSupported("unevaluated* beside a dependent schema that evaluates "
+                                                     "everything is not expressible",
+                                                     ptr(pointer, keyword, name))
                     present = False if flat is False else merge({"required": [name]}, flat, pointer)
                 else:
-                    raise InvalidSchema(f"{keyword} values must be arrays of names or schemas", ptr(pointer, keyword, name))
+                    raise InvalidSchema(f"{keyword} values must be arrays of names or schemas",
+                                        ptr(pointer, keyword, name))
                 options = [{"properties": {name: False}}] + ([present] if present is not False else [])
                 combos = [m for c in combos for o in options if (m := merge(c, o, pointer)) is not False]
                 if len(combos) > MAX_BRANCH_PRODUCT:
-                    raise SchemaNotSupported(f"{keyword} expands to too many alternatives", ptr(pointer, keyword))
+                    raise SchemaNotSupported(f"{keyword} expands to too many alternatives",
+                                             ptr(pointer, keyword))
         base = {k: v for k, v in schema.items() if k not in _DEPENDENCY_KEYS}
         if not combos:
             return False
@@ -477,7 +496,8 @@ class _Compiler:
                 value = node.get("$id")
                 if not top and isinstance(value, str) and not value.startswith("#"):
                     return True
-                return any(walk(v, False) for k, v in node.items() if k not in ("enum", "const", "default", "examples"))
+                return any(walk(v, False) for k, v in node.items()
+                           if k not in ("enum", "const", "default", "examples"))
             if isinstance(node, list):
                 return any(walk(v, False) for v in node)
             return False
@@ -494,7 +514,8 @@ class _Compiler:
         if "$ref" in schema and not dialect.ref_siblings:
             return {"$ref": schema["$ref"]}
         if not dialect.items_array and isinstance(schema.get("items"), list):
-            raise InvalidSchema("items must be a schema in draft 2020-12 (the array form is prefixItems)", ptr(pointer, "items"))
+            raise InvalidSchema("items must be a schema in draft 2020-12 (the array form is prefixItems)",
+                                ptr(pointer, "items"))
         if dialect.ignored.isdisjoint(schema):
             return schema
         return {k: v for k, v in schema.items() if k not in dialect.ignored}
@@ -550,8 +571,9 @@ class _Compiler:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in part:
                 if part[key] is not True:
-                    raise SchemaNotSupported(f"{key} inside an in-place applicator (allOf, $ref with siblings, "
-                                             "anyOf, oneOf, dependentSchemas) is not expressible", ptr(pointer, key))
+                    raise SchemaNotSupported(f"{key} inside an in-place applicator (allOf, $ref with "
+                                             "siblings, anyOf, oneOf, dependentSchemas) is not expressible",
+                                             ptr(pointer, key))
                 part = {k: v for k, v in part.items() if k != key}
                 done[key] = True
         return part, "unevaluatedProperties" in done, "unevaluatedItems" in done
@@ -562,7 +584,8 @@ class _Compiler:
         of the merged parts declares, which is what `object` does with it as additionalProperties,
         unless some part has additionalProperties (then every key is evaluated); the same for
         `unevaluatedItems` and items after the positional ones."""
-        if "unevaluatedProperties" in result and (all_props or any("additionalProperties" in p for p in parts)):
+        if "unevaluatedProperties" in result and (all_props
+                                                  or any("additionalProperties" in p for p in parts)):
             result.pop("unevaluatedProperties")
         if "unevaluatedItems" in result and (all_items or any(explicit_rest(p) for p in parts)):
             result.pop("unevaluatedItems")
@@ -591,15 +614,19 @@ class _Compiler:
             if combined is not False:
                 merged.append((i, self.settle_unevaluated(combined, [base, flat], props_done, items_done)))
                 raw.append(flat)
-        unevaluated = [k for k in ("unevaluatedProperties", "unevaluatedItems") if any(k in m for _, m in merged)]
+        unevaluated = [k for k in ("unevaluatedProperties", "unevaluatedItems")
+                       if any(k in m for _, m in merged)]
         if unevaluated and key == "anyOf" and not self.disjoint([m for _, m in merged], raw):
             # several branches may hold, and each evaluates its own keys: not a per-branch merge
-            raise SchemaNotSupported(f"{unevaluated[0]} with anyOf branches that may overlap is not expressible",
+            raise SchemaNotSupported(f"{unevaluated[0]} with anyOf branches that may overlap is not "
+                                     "expressible",
                                      ptr(pointer, unevaluated[0]))
         if key == "oneOf" and "oneOf" not in self.relax and not self.disjoint([m for _, m in merged], raw):
-            exclusive = exclusive_required_branches(base, [flat for _, flat in merged_flat(self, options, pointer)])
+            exclusive = exclusive_required_branches(base,
+                                                    [flat for _, flat in merged_flat(self, options, pointer)])
             if exclusive is None:
-                raise SchemaNotSupported("oneOf branches that may overlap are not expressible", ptr(pointer, key))
+                raise SchemaNotSupported("oneOf branches that may overlap are not expressible",
+                                         ptr(pointer, key))
             merged = [(i, m) for i, m in enumerate(exclusive)]
         if not merged:
             return NOTHING
@@ -613,7 +640,8 @@ class _Compiler:
             for b in range(a + 1, len(sets)):
                 if not self.kinds_overlap(sets[a], sets[b], schemas[a], schemas[b]):
                     continue
-                if distinguished(schemas[a], schemas[b]) or forbids(raw[a], schemas[b]) or forbids(raw[b], schemas[a]):
+                if distinguished(schemas[a], schemas[b]) or forbids(raw[a], schemas[b]) \
+                        or forbids(raw[b], schemas[a]):
                     continue
                 return False
         return True
@@ -660,10 +688,13 @@ class _Compiler:
             if not isinstance(values, list):
                 raise InvalidSchema("enum must be an array", where)
             if len(values) > MAX_ENUM:
-                raise SchemaNotSupported(f"enum has {len(values)} values, above the limit of {MAX_ENUM}", where)
+                raise SchemaNotSupported(f"enum has {len(values)} values, above the limit of {MAX_ENUM}",
+                                         where)
         if "const" in schema and "enum" in schema:
-            values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])] if isinstance(schema["enum"], list) else values
-        others = (set(schema) & (HANDLED | UNSUPPORTED)) - {"enum", "const", "type", "nullable"} - _SCALAR_CHECKS
+            values = ([v for v in values if any(json_equal(v, e) for e in schema["enum"])]
+                      if isinstance(schema["enum"], list) else values)
+        others = ((set(schema) & (HANDLED | UNSUPPORTED)) - {"enum", "const", "type", "nullable"}
+                  - _SCALAR_CHECKS)
         if others:
             raise SchemaNotSupported(f"enum/const combined with {sorted(others)} is not supported", where)
         kept = []
@@ -738,7 +769,8 @@ class _Compiler:
         if fmt in FORMATS and self.assert_formats:
             if pattern is not None and pattern != FORMATS[fmt]:
                 if "pattern" not in self.relax:
-                    raise SchemaNotSupported("format together with pattern is not expressible", ptr(pointer, "format"))
+                    raise SchemaNotSupported("format together with pattern is not expressible",
+                                             ptr(pointer, "format"))
             pattern = FORMATS[fmt]
         elif fmt in KNOWN_FORMATS and self.assert_formats and "format" not in self.relax:
             raise SchemaNotSupported(f"format {fmt!r} is not supported", ptr(pointer, "format"))
@@ -782,7 +814,8 @@ class _Compiler:
             lo = max(min_items - k, 0)
             hi = None if max_items is None else max_items - k
             if k == 0:
-                tail = seq(rest_node, rep(seq(comma, rest_node), max(lo - 1, 0), None if hi is None else hi - 1))
+                tail = seq(rest_node,
+                           rep(seq(comma, rest_node), max(lo - 1, 0), None if hi is None else hi - 1))
                 tail = tail if lo > 0 else opt(tail)
             else:
                 tail = rep(seq(comma, rest_node), lo, hi)
@@ -852,7 +885,8 @@ class _Compiler:
             try:
                 languages = classify_keys([parse_pattern(pattern), lit(name)])
             except PatternNotSupported as exc:
-                raise SchemaNotSupported(f"patternProperties: {exc}", ptr(pointer, "patternProperties")) from exc
+                raise SchemaNotSupported(f"patternProperties: {exc}",
+                                         ptr(pointer, "patternProperties")) from exc
             if any(tags == frozenset({0, 1}) for tags, _ in languages):
                 matching.append(pschema)
         return matching
@@ -943,12 +977,15 @@ class _Compiler:
                         found += self.texts(merged, value, ptr(pointer, key, i), depth + 1, limit)
                 return list(dict.fromkeys(found))[:limit] or [canonical_literal(value)]
         if "enum" in flat or "const" in flat:
-            values = [flat["const"]] if "const" in flat else flat["enum"] if isinstance(flat["enum"], list) else []
-            return [next((canonical_literal(v) for v in values if json_equal(v, value)), canonical_literal(value))]
+            values = ([flat["const"]] if "const" in flat
+                      else flat["enum"] if isinstance(flat["enum"], list) else [])
+            return [next((canonical_literal(v) for v in values if json_equal(v, value)),
+                         canonical_literal(value))]
         if isinstance(value, dict):
             props = flat.get("properties") if isinstance(flat.get("properties"), dict) else {}
             required = [r for r in flat.get("required") or [] if isinstance(r, str)]
-            patterns = flat.get("patternProperties") if isinstance(flat.get("patternProperties"), dict) else {}
+            patterns = (flat.get("patternProperties") if isinstance(flat.get("patternProperties"), dict)
+                        else {})
             extra = flat.get("additionalProperties", not self.closed)
             declared = list(dict.fromkeys([*props, *required]))
             keys = [k for k in declared if k in value] + [k for k in value if k not in declared]
@@ -959,12 +996,14 @@ class _Compiler:
                 if matching:
                     sub = {"allOf": [sub, *matching]}
                 where = ptr(pointer, "properties", k)
-                choices.append([f"{json_string(k)}:{t}" for t in self.texts(sub, value[k], where, depth + 1, limit)])
+                choices.append([f"{json_string(k)}:{t}"
+                                for t in self.texts(sub, value[k], where, depth + 1, limit)])
             return _joined(choices, "{", "}", limit)
         if isinstance(value, list):
             prefix, rest = positional(flat)
             prefix = prefix if isinstance(prefix, list) else []
-            choices = [self.texts(prefix[i] if i < len(prefix) else rest, item, ptr(pointer, "items", i), depth + 1, limit)
+            choices = [self.texts(prefix[i] if i < len(prefix) else rest, item, ptr(pointer, "items", i),
+                                  depth + 1, limit)
                        for i, item in enumerate(value)]
             return _joined(choices, "[", "]", limit)
         return [canonical_literal(value)]
@@ -983,8 +1022,10 @@ class _Compiler:
                 Ref(obj), Ref(arr), string, numbers.number_range(None, None),
                 lit("true"), lit("false"), lit("null"),
             )
-            self.rules[obj] = seq(self.punct("{"), opt(seq(member, rep(seq(comma, member), 0, None))), self.punct("}"))
-            self.rules[arr] = seq(self.punct("["), opt(seq(value, rep(seq(comma, value), 0, None))), self.punct("]"))
+            self.rules[obj] = seq(self.punct("{"), opt(seq(member, rep(seq(comma, member), 0, None))),
+                                  self.punct("}"))
+            self.rules[arr] = seq(self.punct("["), opt(seq(value, rep(seq(comma, value), 0, None))),
+                                  self.punct("]"))
         return name
 
 
@@ -1107,7 +1148,8 @@ def _complement_points(points: list[int]) -> list[tuple[int, int]]:
 def merged_flat(compiler, options: list, pointer: str) -> list[tuple[int, dict]]:
     out = []
     for i, option in enumerate(options):
-        flat = compiler.flatten(option, ptr(pointer, "oneOf", i), frozenset()) if isinstance(option, dict) else option
+        flat = (compiler.flatten(option, ptr(pointer, "oneOf", i), frozenset()) if isinstance(option, dict)
+                else option)
         if flat is True:
             flat = {}
         if flat is not False:

@@ -192,7 +192,8 @@ class Segmenter:
     def clone(self) -> Segmenter:
         other = object.__new__(Segmenter)
         other.fmt, other._t, other._mode = self.fmt, self._t, self._mode
-        other._kind, other._close, other._sub, other._escape = self._kind, self._close, self._sub, self._escape
+        other._kind, other._close, other._sub, other._escape = (self._kind, self._close, self._sub,
+                                                                self._escape)
         other._start, other._pos, other._held = self._start, self._pos, self._held
         other._chunks = self._chunks.fork()
         other._spans = self._spans.fork()
@@ -207,7 +208,8 @@ class Segmenter:
         """
         if not text:
             return None
-        saved = (self._kind, self._close, self._sub, self._escape, self._start, self._pos, self._held, self._mode)
+        saved = (self._kind, self._close, self._sub, self._escape, self._start, self._pos, self._held,
+                 self._mode)
         try:
             closed = self._scan(text, first_only=True)
         finally:

@@ -171,7 +171,8 @@ def _check_parameters(name: str, params: Any) -> None:
     if not isinstance(params, Mapping):
         raise ToolRegistryError(f"tool {name!r}: parameters must be a JSON Schema object, got {params!r}")
     if params.get("type", "object") != "object":
-        raise ToolRegistryError(f"tool {name!r}: parameters must have type 'object', got {params.get('type')!r}")
+        raise ToolRegistryError(f"tool {name!r}: parameters must have type 'object', got "
+                                f"{params.get('type')!r}")
 
 
 def _from_dict(d: Mapping[str, Any]) -> Tool:
@@ -212,7 +213,8 @@ def _from_langchain(obj: Any) -> Tool:
     elif schema_src is None:
         schema = {"type": "object", "properties": {}}
     else:
-        raise ToolRegistryError(f"LangChain tool {obj.name!r}: unsupported args schema {type(schema_src).__name__}")
+        raise ToolRegistryError(f"LangChain tool {obj.name!r}: unsupported args schema "
+                                f"{type(schema_src).__name__}")
     schema = strip_titles(schema)
     schema.pop("description", None)
     description = obj.description or ""
@@ -240,7 +242,8 @@ def _from_callable(fn: Callable[..., Any]) -> Tool:
         model = pydantic.create_model(f"{name}_arguments", **fields)
         schema = strip_titles(model.model_json_schema())
     except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as exc:
-        raise ToolRegistryError(f"tool {name!r}: cannot build a JSON Schema from its type hints: {exc}") from None
+        raise ToolRegistryError(f"tool {name!r}: cannot build a JSON Schema from its type hints: "
+                                f"{exc}") from None
     schema.pop("description", None)
     schema.setdefault("properties", {})
     return Tool(name, summary, schema, fn)

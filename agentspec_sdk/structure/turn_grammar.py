@@ -62,7 +62,8 @@ def turn_grammar(
         raise ValueError(f"dialect must be 'llguidance' or 'lark', not {dialect!r}")
     if special_tokens and dialect == "lark":
         raise FormatError("python lark has no special-token syntax; use dialect='llguidance'")
-    return _build(fmt, _tools(registry), whitespace, tool_choice, dialect, tuple(special_tokens), tuple(relax), closed)
+    return _build(fmt, _tools(registry), whitespace, tool_choice, dialect, tuple(special_tokens),
+                  tuple(relax), closed)
 
 
 def turn_grammar_gbnf(
@@ -111,7 +112,8 @@ def _build(fmt, tools, whitespace, tool_choice, dialect, special, relax, closed)
         raise FormatError(f"format {fmt.name!r} has no layout, so it has no turn grammar")
     if not tools:
         if tool_choice in ("required", "call") and fmt.layout != "code_agent":
-            raise ToolRegistryError(f"tool_choice='required' but no tools are registered (format {fmt.name!r})")
+            raise ToolRegistryError("tool_choice='required' but no tools are registered (format "
+                                    f"{fmt.name!r})")
         if fmt.layout != "code_agent":
             tool_choice = "none"
     if tool_choice == "call" and fmt.layout != "tool_calls":
@@ -172,7 +174,8 @@ def _code(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
     # the turn ends with the block (one optional newline): a model that would go on writing is not
     # left to fill max_tokens with whitespace
     blocks = [
-        f'{b.text_then(avoid, op)} {b.text_then((cl,), cl)} "\\n"?' for op, cl in zip(kind.open, kind.close, strict=True)
+        f'{b.text_then(avoid, op)} {b.text_then((cl,), cl)} "\\n"?'
+        for op, cl in zip(kind.open, kind.close, strict=True)
     ]
     code = b.name("code_block")
     b.rule(code, " | ".join(blocks))

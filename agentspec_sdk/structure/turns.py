@@ -117,7 +117,8 @@ def _call_object(raw: str, where: str) -> ToolCall:
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         args = _json(args, f"{where}, arguments of {name!r}")
     if not isinstance(args, dict):
-        raise TurnParseError(f"{where}: arguments of {name!r} must be a JSON object, got {type(args).__name__}")
+        raise TurnParseError(f"{where}: arguments of {name!r} must be a JSON object, got "
+                             f"{type(args).__name__}")
     return ToolCall(name, args)
 
 
