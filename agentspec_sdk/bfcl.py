@@ -42,7 +42,8 @@ def _data_dir():
     try:
         return resources.files("bfcl_eval") / "data"
     except ModuleNotFoundError:
-        raise BfclDataError("BFCL data needs the bfcl-eval package (pip install --no-deps bfcl-eval)") from None
+        raise BfclDataError("BFCL data needs the bfcl-eval package "
+                            "(pip install --no-deps bfcl-eval)") from None
 
 
 def read_jsonl(name: str) -> list[dict]:
@@ -89,7 +90,8 @@ def load_category(category: str) -> list[BfclPrompt]:
     return prompts
 
 
-def tool_call_prompts(n: int | None = None, categories=DEFAULT_CATEGORIES, *, max_tools: int = 4) -> list[BfclPrompt]:
+def tool_call_prompts(n: int | None = None, categories=DEFAULT_CATEGORIES, *,
+                      max_tools: int = 4) -> list[BfclPrompt]:
     """Up to `n` prompts, interleaved round-robin over `categories` (stable order, no randomness).
 
     Prompts offering more than `max_tools` tools are skipped (they make very long system prompts).
@@ -185,8 +187,10 @@ def normalise_bfcl_schema(schema, pointer: str = ""):
             if mapped is not None:
                 out["type"] = mapped
         elif key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
-            out[key] = {name: normalise_bfcl_schema(sub, f"{pointer}/{key}/{name}") for name, sub in value.items()}
-        elif key in ("items", "additionalProperties", "additionalItems", "not") and isinstance(value, dict | bool):
+            out[key] = {name: normalise_bfcl_schema(sub, f"{pointer}/{key}/{name}")
+                        for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "additionalItems", "not") \
+                and isinstance(value, dict | bool):
             out[key] = normalise_bfcl_schema(value, f"{pointer}/{key}")
         elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf") and isinstance(value, list):
             out[key] = [normalise_bfcl_schema(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(value)]
@@ -311,7 +315,8 @@ class BfclEnvironment:
                                     "(pip install --no-deps bfcl-eval)") from None
             instance = getattr(module, name)()
             if name not in STATELESS:
-                instance._load_scenario(copy.deepcopy(initial_config.get(name, {})), long_context=long_context)
+                instance._load_scenario(copy.deepcopy(initial_config.get(name, {})),
+                                        long_context=long_context)
             for method_name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
                 if not method_name.startswith("_"):
                     self.methods.setdefault(method_name, method)
@@ -323,7 +328,8 @@ class BfclEnvironment:
         start = time.perf_counter()
         method = self.methods.get(name)
         if method is None:
-            return ToolRun(f"Error during execution: no tool named {name!r}", time.perf_counter() - start, False)
+            return ToolRun(f"Error during execution: no tool named {name!r}", time.perf_counter() - start,
+                           False)
         try:
             result, ok = format_result(method(**arguments)), True
         except Exception as err:  # the tool's own failure is the observation the agent sees

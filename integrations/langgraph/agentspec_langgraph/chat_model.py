@@ -202,7 +202,8 @@ class ChatAgentSpec(BaseChatModel):
             return content, parse_calls(self.fmt, text), []
         except AgentSpecError as exc:  # a turn cut at max_tokens inside a call, or no grammar
             cut = " (the turn hit max_tokens)" if finish_reason == "length" else ""
-            bad = {"name": None, "args": text, "id": new_call_id(), "error": f"{exc}{cut}", "type": "invalid_tool_call"}
+            bad = {"name": None, "args": text, "id": new_call_id(), "error": f"{exc}{cut}",
+                   "type": "invalid_tool_call"}
             return content, [], [bad]
 
     def _metadata(self, result: Any) -> dict[str, Any]:
@@ -311,13 +312,15 @@ class ChatAgentSpec(BaseChatModel):
         for chunk in self._final_chunks(result, request, kwargs):
             yield chunk
 
-    def _final_chunks(self, result: Any, request: Any, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
+    def _final_chunks(self, result: Any, request: Any,
+                      kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
         """One chunk per tool call (whole: calls are only usable once closed), then usage/metadata."""
         if result is None:
             raise AgentSpecError("the engine's stream ended without a result")
         message = self._message(result, request, kwargs)
         for index, call in enumerate(message.tool_calls):
-            chunk = {"name": call["name"], "args": compact_json(call["args"]), "id": call["id"], "index": index}
+            chunk = {"name": call["name"], "args": compact_json(call["args"]), "id": call["id"],
+                     "index": index}
             yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
         yield ChatGenerationChunk(
             message=AIMessageChunk(

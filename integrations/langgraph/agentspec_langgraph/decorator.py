@@ -101,7 +101,8 @@ def agentspec(
     """
     if fn is None:
         return lambda f: agentspec(
-            f, engine=engine, model=model, fmt=fmt, max_tokens=max_tokens, agent_id=agent_id, reasoning=reasoning,
+            f, engine=engine, model=model, fmt=fmt, max_tokens=max_tokens, agent_id=agent_id,
+            reasoning=reasoning,
             tool_timeout_s=tool_timeout_s, tool_timeouts=tool_timeouts, first_tool_choice=first_tool_choice,
             later_tool_choice=later_tool_choice, **engine_kwargs,
         )  # fmt: skip
@@ -176,7 +177,8 @@ class _patched:
         for name, value in list(namespace.items()):
             if id(value) in replacements:
                 self.targets.append((namespace, name, replacements[id(value)]))
-        self.targets.append((vars(langchain.agents), "create_agent", replacements[id(_ORIGINAL_CREATE_AGENT)]))
+        self.targets.append((vars(langchain.agents), "create_agent",
+                             replacements[id(_ORIGINAL_CREATE_AGENT)]))
         self.targets.append((vars(langgraph.prebuilt), "ToolNode", replacements[id(_ORIGINAL_TOOL_NODE)]))
 
     def __enter__(self) -> None:
@@ -191,7 +193,8 @@ class _patched:
 
 def _create_agent_for(binding: AgentSpecBinding) -> Callable[..., Any]:
     @functools.wraps(_ORIGINAL_CREATE_AGENT)
-    def create_agent(model: Any = None, tools: Any = None, *args: Any, middleware: Any = (), **kwargs: Any) -> Any:
+    def create_agent(model: Any = None, tools: Any = None, *args: Any, middleware: Any = (),
+                     **kwargs: Any) -> Any:
         binding.create_agent_calls += 1
         if tools:
             _register(binding, tools)
@@ -209,7 +212,8 @@ def _tool_node_for(binding: AgentSpecBinding) -> type:
     class AgentSpecToolNode(_ORIGINAL_TOOL_NODE):
         """A ToolNode whose calls go through AgentSpecMiddleware's tool wrapper first."""
 
-        def __init__(self, tools: Any, *args: Any, wrap_tool_call: Any = None, awrap_tool_call: Any = None, **kw: Any):
+        def __init__(self, tools: Any, *args: Any, wrap_tool_call: Any = None, awrap_tool_call: Any = None,
+                     **kw: Any):
             binding.tool_nodes += 1
             _register(binding, tools)
             sync_inner, async_inner = wrap_tool_call, awrap_tool_call
@@ -228,7 +232,8 @@ def _tool_node_for(binding: AgentSpecBinding) -> type:
     return AgentSpecToolNode
 
 
-def _check_shape(fn: Callable[..., Any], result: Any, binding: AgentSpecBinding, model_param: str | None) -> None:
+def _check_shape(fn: Callable[..., Any], result: Any, binding: AgentSpecBinding,
+                 model_param: str | None) -> None:
     where = f"@agentspec: {fn.__qualname__}"
     found = (
         f"found {binding.create_agent_calls} create_agent call(s), {binding.tool_nodes} ToolNode(s), "

@@ -44,7 +44,8 @@ def render_assistant(fmt: Any, message: AIMessage) -> str:
     fmt = _sdk.get_format(fmt)
     raw = message.additional_kwargs.get(RAW_TEXT_KEY)
     # Reuse the model's own text unless the format changed or someone edited the tool calls since.
-    if isinstance(raw, dict) and raw.get("fmt") == fmt.name and raw.get("calls") == _call_pairs(message.tool_calls):
+    if isinstance(raw, dict) and raw.get("fmt") == fmt.name \
+            and raw.get("calls") == _call_pairs(message.tool_calls):
         return raw["text"]
     content = str(message.text)
     calls = message.tool_calls
@@ -52,7 +53,8 @@ def render_assistant(fmt: Any, message: AIMessage) -> str:
         return f"Thought: {content}\nFinal Answer: {content}" if fmt.name == "react" and content else content
     if fmt.name == "tool_calls":
         body = "".join(
-            f"<tool_call>{compact_json({'name': c['name'], 'arguments': c['args']})}</tool_call>" for c in calls
+            f"<tool_call>{compact_json({'name': c['name'], 'arguments': c['args']})}</tool_call>"
+            for c in calls
         )
         return f"{content}\n{body}" if content else body
     if fmt.name == "react":
@@ -61,7 +63,8 @@ def render_assistant(fmt: Any, message: AIMessage) -> str:
     if fmt.name == "code_agent" and calls[0]["name"] == _sdk.CODE_TOOL:
         block = f"```python\n{calls[0]['args'].get('code', '')}\n```"
         return f"{content}\n{block}" if content else block
-    raise AgentSpecError(f"format {fmt.name!r} has no tool-call syntax; tools need one of {list(TOOL_FORMATS)}")
+    raise AgentSpecError(f"format {fmt.name!r} has no tool-call syntax; tools need one of "
+                         f"{list(TOOL_FORMATS)}")
 
 
 def to_engine_messages(messages: Sequence[BaseMessage], fmt: Any) -> list[dict[str, str]]:
@@ -98,7 +101,8 @@ def parse_calls(fmt: Any, text: str) -> list[dict[str, Any]]:
         for call in parsed.tool_calls
     ]
     if parsed.code:  # a code agent's block is one call of the code tool (the sandbox runs it)
-        calls.append({"name": _sdk.CODE_TOOL, "args": {"code": parsed.code}, "id": new_call_id(), "type": "tool_call"})
+        calls.append({"name": _sdk.CODE_TOOL, "args": {"code": parsed.code}, "id": new_call_id(),
+                      "type": "tool_call"})
     return calls
 
 

@@ -112,7 +112,8 @@ class AgentSpecMiddleware(AgentMiddleware):
 
     # -- tool calls ----------------------------------------------------------------------------
 
-    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolResult]) -> ToolResult:
+    def wrap_tool_call(self, request: ToolCallRequest,
+                       handler: Callable[[ToolCallRequest], ToolResult]) -> ToolResult:
         agent = self._agent_id(getattr(request.runtime, "config", None))
         timeout = self._timeout(request)
         self._tool_started(agent, request)
