@@ -93,15 +93,16 @@ def _execute(plan, out: Path, desc: str) -> dict:
     return report
 
 
-# prompt + output tokens the demo's kappa fit scores (docs/replay.md: ≈ 30 s here)
-DEMO_ENTROPY_TOKENS = 20_000
-QUICK_ENTROPY_TOKENS = 8_000  # --quick: ≈ 12 s
+# prompt + output tokens the demo's kappa fit scores: ≈ 5 s + 3.2 ms per token here (measured: 4000
+# tokens 18 s, 20 000 tokens 69 s), so 8000 keep it to ≈ 30 s (docs/replay.md)
+DEMO_ENTROPY_TOKENS = 8_000
+QUICK_ENTROPY_TOKENS = 4_000  # --quick: ≈ 18 s
 
 
 def demo(out: OUT = Path("agentspec-demo"),
          quick: Annotated[bool,
                           typer.Option("--quick",
-                                       help="fewer episodes and turns, shorter outputs (≈2 min)")] = False,
+                                       help="fewer episodes and turns, shorter outputs (≈ 4 min)")] = False,
          episodes: Annotated[int | None,
                              typer.Option("--episodes", help="bundled episodes to replay")] = None,
          batch: Annotated[int, typer.Option("--batch", help="agents in flight")] = 8,
@@ -135,11 +136,12 @@ def demo(out: OUT = Path("agentspec-demo"),
         # --traces replaces the bundled traces: one arm in that file's own format
         agent_arms = ["D"] if traces else format_arms(_csv(formats))
         arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a],
-                          max_tokens=max_tokens or (64 if quick else 128),
+                          max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else 128),
                           trace_path=traces, max_segments=1 if quick else 2) for a in agent_arms]
-        n_prose = (2 if quick else 4) if prose is None else prose
+        n_prose = (1 if quick else 4) if prose is None else prose
         # a short prose slice (arm A, real passages as the bench uses): the F class P1 and R1 compare
-        arms += [build_arm("A", n_prose, max_tokens=max_tokens or (64 if quick else 128))] if n_prose else []
+        arms += ([build_arm("A", n_prose, max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else 128))]
+                 if n_prose else [])
         plan = Plan(configs=[ModeConfig(m, gamma) for m in mode_list], arms=arms, batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     entropies=entropies,
@@ -153,7 +155,10 @@ def demo(out: OUT = Path("agentspec-demo"),
 
 
 # episodes per agent-format arm of the demo: {quick: {arm: n}}
-DEMO_EPISODES = {True: {"D": 4, "D-react": 2, "D-code": 2}, False: {"D": 8, "D-react": 4, "D-code": 4}}
+# Sized to the time goals (docs/replay.md, "How long the demo takes"): the full demo's replay time is
+# ≈ prefill of every episode's long prompt per mode (4 modes) + 4 engine starts (≈ 20 s each) + κ.
+DEMO_EPISODES = {True: {"D": 2, "D-react": 1, "D-code": 1}, False: {"D": 6, "D-react": 2, "D-code": 2}}
+QUICK_MAX_TOKENS = 48  # tokens per assistant turn with --quick (128 otherwise)
 
 
 def bench(out: OUT = Path("agentspec-bench"),
