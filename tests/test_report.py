@@ -197,6 +197,26 @@ def test_report_fits_the_pass_cost_model_and_checks_each_prediction():
     assert {d["class"] for d in rep["decisions"]} == {"S", "R", "F", "all"}
 
 
+def test_each_run_is_predicted_at_its_own_acceptance():
+    """A stock drafter accepts differently from structure on the same traffic: its prediction takes
+    its own rounds (κ = 1: ρ per class = its per-position acceptance), not structure's."""
+    off = [log(decode_s=2.0, prompt_hash=f"p{i}") for i in range(4)]
+    spec = [log(decode_s=1.0, prompt_hash=f"p{i}", records=spec_records()[i::4]) for i in range(4)]
+    weak = [rec("S", 8, 2, "ngram")] * 30 + [rec("R", 4, 0, "ngram")] * 30 + [rec("F", 4, 0, "ngram")] * 30
+    stock = [log(decode_s=1.5, prompt_hash=f"p{i}", records=weak[i::4]) for i in range(4)]
+    runs = [summarize(off, arm="D", mode="off", gamma=8, batch=8, wall_s=8.0),
+            summarize(spec, arm="D", mode="structure", gamma=8, batch=8, wall_s=4.0),
+            summarize(stock, arm="D", mode="ngram", gamma=8, batch=8, wall_s=6.0)]
+    key = ("D", 8, 8, True)
+    rep = build_report(runs, {(key, "off"): off, (key, "structure"): spec, (key, "ngram"): stock},
+                       meta={}, primary={"batch": 8, "gamma": 8})
+    by_mode = {r["mode"]: r for r in rep["runs"]}
+    own, other = by_mode["structure"]["predicted"], by_mode["ngram"]["predicted"]
+    assert own["rho"] == pytest.approx(rep["law_fit"]["rho"])  # the law section is structure's
+    assert other["rho"]["S"] == pytest.approx(2 / 3)  # 60 accepted, 30 rejections: 60 / 90
+    assert other["rho"]["S"] < own["rho"]["S"] and other["tau"] < own["tau"]
+
+
 def test_kappa_is_fitted_when_the_report_has_entropies():
     off = [log(decode_s=2.0, prompt_hash=f"p{i}") for i in range(4)]
     spec = [log(decode_s=1.0, prompt_hash=f"p{i}", records=spec_records()[i::4]) for i in range(4)]

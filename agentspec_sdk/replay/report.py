@@ -116,6 +116,13 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
         model = None
     fit = fit_law(spec_logs, costs, gamma, entropies) if any(log.records for log in spec_logs) else None
 
+    def run_fit(r: Mapping) -> dict | None:
+        """The law at this run's own acceptance: a drafter's κ (and, at κ = 1, its ρ per class) is
+        its own on its own traffic, so each run's prediction is fitted on that run's rounds; the
+        pooled `fit` (structure's rounds) stays the report's law section."""
+        own = logs.get((run_key(r), r["mode"])) or []
+        return fit_law(own, costs, gamma, entropies) if any(log.records for log in own) else fit
+
     measured, speedup, checks = [], {}, []
     offs = {(k[0][0], k[0][1], k[0][3]): comps[k] for k in comps if k[1] == "off" and comps[k]}
     for r in runs:
@@ -128,9 +135,11 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
                     if model is not None and comp else None
             except LawInputError:
                 run_costs = None
-            r["predicted"] = predict(fit, r["w"], max(1, round(r["drafted"] / r["rounds"])), run_costs)
+            own_fit = run_fit(r)
+            r["predicted"] = predict(own_fit, r["w"], max(1, round(r["drafted"] / r["rounds"])), run_costs)
             if r["predicted"]:
-                per_class = tau_rounds(fit, r, r["predicted"])
+                r["predicted"].update(kappa=own_fit["kappa"], rho=dict(own_fit["rho"]))
+                per_class = tau_rounds(own_fit, r, r["predicted"])
                 if per_class is not None:
                     r["predicted"]["tau_rounds"] = per_class
             chk = None
