@@ -24,9 +24,18 @@ def _start(speculation: str):
 
 @pytest.fixture(scope="session")
 def engine_structure():
-    """The embedded engine with the structure proposer (one per session; tools register per request)."""
+    """The embedded engine with the structure proposer (one per session; tools register per request).
+    Its teardown checks the contract's end (tests/test_engine_contract.py): the context manager gives
+    the engine and closes it, a turn after close is refused, a second close does nothing."""
+    from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.errors import BackendError
+
     engine = _start("structure")
-    yield engine
+    with engine as same:
+        assert same is engine
+        yield engine
+    with pytest.raises(BackendError, match="closed"):
+        engine.submit(TurnRequest(messages=[{"role": "user", "content": "hi"}], request_id="after-close"))
     engine.close()
 
 

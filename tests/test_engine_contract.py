@@ -15,8 +15,7 @@ import inspect
 import json
 
 import pytest
-from conftest import ENGINE_SETTINGS
-from test_server import TOOLS, _free_port, _question
+from test_server import _free_port, _question
 
 from agentspec_sdk.backends.contract import STATS_KEYS, AgentEngine
 from agentspec_sdk.backends.engine_config import EngineConfig
@@ -31,6 +30,11 @@ from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turns import parse_turn
 
+# The embedded backend is the session engine (tests/conftest.py), which other test files use too and
+# which holds one schema per tool name: this is tests/test_engine.py's get_weather, to the letter.
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 # get_weather with another schema: the same name must not change meaning under a running engine
 CONFLICT = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a town",
@@ -155,11 +159,10 @@ def _start_server(work):
 @pytest.fixture(scope="module", params=[pytest.param("engine", marks=pytest.mark.engine),
                                         pytest.param("remote", marks=pytest.mark.server)])
 def backend(request, tmp_path_factory):
-    """The embedded engine, then (after it is closed) a client of a real vLLM server: never both running."""
+    """The session's embedded engine (a second in-process engine would tear down vLLM's process-wide
+    state when closed, taking the session engine with it), then a client of a real vLLM server."""
     if request.param == "engine":
-        eng = Engine(speculation="structure", **ENGINE_SETTINGS)
-        yield request.param, eng
-        eng.close()
+        yield request.param, request.getfixturevalue("engine_structure")
         return
     work = tmp_path_factory.mktemp("contract")
     proc = _start_server(work)
@@ -252,7 +255,10 @@ def test_agenerate_idle_marks_and_stats(backend):
 
 
 def test_close_and_context_manager(backend):
-    _, eng = backend
+    kind, eng = backend
+    if kind == "engine":
+        pytest.skip("the session engine is shared: its context manager and close are checked at its "
+                    "teardown (tests/conftest.py engine_structure)")
     with eng as same:
         assert same is eng
     with pytest.raises(BackendError, match="closed"):
