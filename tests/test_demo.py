@@ -94,9 +94,11 @@ def test_demo_law_prediction_recomputes(demo_report):
     assert lw["kappa"] == fit["kappa"] and lw["rho_s"] == fit["rho"]["S"]
     structure = next(r for r in rep["runs"] if r["mode"] == "structure")
     pred = structure["predicted"]
-    params = law.LawParams(fit["kappa"], pred["delta"], pred["d"])
+    # a run is predicted at its own acceptance: kappa and rho fitted on that run's rounds
+    assert 0 < pred["kappa"] and set(pred["rho"]) == set("SRF")
+    params = law.LawParams(pred["kappa"], pred["delta"], pred["d"])
     w = {c: structure["w"][c] or 0.0 for c in "SRF"}
-    mix = law.ClassMix(w, fit["rho"])
+    mix = law.ClassMix(w, pred["rho"])
     t = float(law.tau(pred["gamma"], law.eps_bar(params, mix)))
     assert pred["tau"] == pytest.approx(t)
     assert pred["saving_round"] == pytest.approx(
