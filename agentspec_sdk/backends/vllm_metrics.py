@@ -205,9 +205,10 @@ def settle_against_vllm(records: list[dict], num_output: int, spec: dict | None)
 def _pair_steps(records: list[dict], accepted: list[int], drafted: list[int] | None,
                 num_output: int) -> list[int | None] | None:
     """For each record the index of its verify step, or None (never verified); None when the steps
-    cannot all be paired. One step per record is the common case; otherwise a record is skipped when
-    the next step cannot be its own (vLLM verified more, or drafted more, than the record allows) or
-    when more records than steps remain and it is the record at the end of the output."""
+    cannot all be paired. One step per record is the common case; otherwise, while more records than
+    steps remain, a record is skipped when the next step cannot be its own (vLLM accepted more than
+    the record's common prefix — except for the last record at the end of the output — or verified
+    more tokens than it drafted); records left after the last step were never verified."""
     n_r, n_s = len(records), len(accepted)
     if n_r == n_s:
         return list(range(n_r))
