@@ -29,6 +29,7 @@ from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.engine_config import ABLATIONS, SPECULATION, EngineConfig
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.prompts import chat_messages, format_instructions
+from agentspec_sdk.backends.scheduler_probe import SchedulerProbe
 from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS, STOCK, stock_speculative_config
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
@@ -116,6 +117,8 @@ class Engine(EngineBase):
         drafter = self.proposer() if speculation in STOCK else None
         self._observer = StockDraftObserver(drafter, speculation, self.records_path,
                                             self.plan.records_max_bytes) if drafter else None
+        # what each pass computed (prefill chunks, verified drafts), from vLLM's scheduler
+        self._probe = SchedulerProbe.attach(self._engine)
         self._inbox: queue.Queue[_Live] = queue.Queue()
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
@@ -129,7 +132,7 @@ class Engine(EngineBase):
         self._vllm = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self._step_s = 0.0
         self._steps = 0
-        # (t, s, rows, tokens, ctx, prefill, new, grammar)
+        # (t, s, rows, tokens, ctx, prefill, new, grammar, scheduled composition or None)
         self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
         self._thread.start()
@@ -316,6 +319,7 @@ class Engine(EngineBase):
                 at, started = time.time(), time.perf_counter()
                 outputs = self._engine.step()
                 seconds = time.perf_counter() - started
+                scheduled = self._probe.take() if self._probe is not None else None
                 self._step_s += seconds
                 self._steps += 1
                 rows = tokens = ctx = prefill = new = grammar = 0
@@ -330,7 +334,7 @@ class Engine(EngineBase):
                             new += 1
                         live.seen = n
                     self._on_output(out)
-                self._passes.append((at, seconds, rows, tokens, ctx, prefill, new, grammar))
+                self._passes.append((at, seconds, rows, tokens, ctx, prefill, new, grammar, scheduled))
         except Exception as exc:  # vLLM itself failed: every waiting turn learns why
             self._dead = f"{type(exc).__name__}: {exc}"
             for live in list(self._live.values()):
@@ -447,9 +451,12 @@ class Engine(EngineBase):
         `end` (time.time()): `{"t", "s" (seconds), "rows" (requests that got tokens), "tokens" (new
         tokens), "ctx" (their context lengths summed), "prefill" (uncached prompt tokens of requests
         whose first token came in this pass), "new" (those requests: their decode starts after it),
-        "grammar" (rows decoding under a grammar: a token bitmask per row and pass)}`."""
-        return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p, "new": n, "grammar": g}
-                for t, s, r, k, c, p, n, g in list(self._passes) if start <= t <= end]
+        "grammar" (rows decoding under a grammar: a token bitmask per row and pass)}`, and where vLLM's
+        scheduler is in this process what the pass computed (`scheduler_probe.FIELDS`: prefill chunk
+        tokens and their context, decoding rows, the draft tokens they verify)."""
+        return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p, "new": n, "grammar": g,
+                 **(sched or {})}
+                for t, s, r, k, c, p, n, g, sched in list(self._passes) if start <= t <= end]
 
     def proposer(self):
         """The in-process proposer object (None when vLLM runs its engine core in another process)."""
@@ -467,6 +474,8 @@ class Engine(EngineBase):
         self._thread.join(timeout=30)
         for live in list(self._live.values()):
             self._fail(live, "engine closed")
+        if getattr(self, "_probe", None) is not None:
+            self._probe.close()
         try:
             self._engine.engine_core.shutdown()
         except Exception:  # shutting down twice or a half-started engine: nothing left to free

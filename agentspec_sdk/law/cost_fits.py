@@ -191,13 +191,14 @@ class OnlineStepCost:
 
 # ---------------------------------------------------------------- pass cost model
 
-PASS_TERMS = ("base", "row", "grammar", "verified", "verified_ctx", "schema", "prefill", "ctx")
+PASS_TERMS = ("base", "row", "grammar", "verified", "verified_ctx", "schema", "prefill", "prefill_ctx", "ctx")
 PASS_TERM_TEXT = {
     "base": "per pass", "row": "per row", "grammar": "per row under a grammar (its token mask each pass)",
     "verified": "per verified draft token",
     "verified_ctx": "per verified draft token per 1k tokens of its row's context",
     "schema": "per verified draft token of a schema (S) row: grammar-mask work",
     "prefill": "per prompt token other requests prefill in the pass",
+    "prefill_ctx": "per prefilled prompt token per 1k tokens it attends over (cached prefix included)",
     "ctx": "per 1k tokens of context of the rows in the pass",
 }
 PROPOSER_TERMS = ("base", "row", "drafted", "ctx")
@@ -210,11 +211,14 @@ class PassCosts:
 
         seconds - proposer_s = base + row rows + grammar grammar_rows + verified drafted
                                + verified_ctx drafted_ctx / 1000
-                               + schema drafted_s + prefill prefill + ctx ctx / 1000
+                               + schema drafted_s + prefill prefill + prefill_ctx prefill_ctx
+                               + ctx ctx / 1000
 
-    `proposer` is the drafter's own time per step, fitted the same way on `proposer_s` (base, row,
-    drafted, ctx). Terms without spread in the data are not fitted and stay 0 (`dropped` says
-    which and why). `residual_sd` / `r2` are over the passes used."""
+    (`prefill_ctx`: Σ over prefilled prompt tokens of their position / 1000, the attention a chunk
+    does over the prompt before it, cached prefix included.) `proposer` is the drafter's own time per
+    step, fitted the same way on `proposer_s` (base, row, drafted, ctx). Terms without spread in the
+    data are not fitted and stay 0 (`dropped` says which and why). `residual_sd` / `r2` are over the
+    passes used."""
 
     coef: dict
     se: dict
@@ -226,13 +230,14 @@ class PassCosts:
     passes: int
 
     def seconds(self, rows=1.0, drafted=0.0, drafted_ctx=0.0, drafted_s=0.0, prefill=0.0, ctx=0.0,
-                grammar=0.0, proposer: bool | Mapping = True) -> float:
+                grammar=0.0, prefill_ctx=0.0, proposer: bool | Mapping = True) -> float:
         """Predicted seconds of a pass of this composition, with the proposer's time (`proposer`: True =
         the fitted one, a mapping = another drafter's terms from `fit_proposer`, False = none)."""
         c = self.coef
         t = (c["base"] + c["row"] * rows + c.get("grammar", 0.0) * grammar + c["verified"] * drafted
              + c["verified_ctx"] * drafted_ctx / 1000.0
-             + c["schema"] * drafted_s + c["prefill"] * prefill + c["ctx"] * ctx / 1000.0)
+             + c["schema"] * drafted_s + c["prefill"] * prefill + c.get("prefill_ctx", 0.0) * prefill_ctx
+             + c["ctx"] * ctx / 1000.0)
         p = self.proposer if proposer is True else (proposer or {})
         if p:
             t += p["base"] + p["row"] * rows + p["drafted"] * drafted + p["ctx"] * ctx / 1000.0
@@ -317,6 +322,7 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
     """Fit `PassCosts` from passes: mappings with `s` (seconds of the pass) and `rows`, optionally
     `drafted` (draft tokens verified in the pass), `drafted_ctx` (sum over rows of drafted x the row's
     context), `drafted_s` (drafted tokens of schema rows), `prefill` (uncached prompt tokens computed),
+    `prefill_ctx` (Σ over them of their position / 1000),
     `ctx` (sum of the rows' context lengths), `grammar` (rows under a grammar) and `proposer_s` (the drafter's
     own seconds in the pass).
     `made` (drafts the proposer made in the pass, verified in the next; default `drafted`) is what the
@@ -334,7 +340,7 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
     cols = {"base": np.ones(len(rows)), "row": col("rows"), "grammar": col("grammar"),
             "verified": col("drafted"),
             "verified_ctx": col("drafted_ctx", 1000.0), "schema": col("drafted_s"), "prefill": col("prefill"),
-            "ctx": col("ctx", 1000.0)}
+            "prefill_ctx": col("prefill_ctx"), "ctx": col("ctx", 1000.0)}
     coef, se, dropped, resid = _lsq(y, cols)
     if coef["base"] + coef["row"] <= 0:
         raise LawInputError(f"fitted one-row pass = {coef['base'] + coef['row']:.3g} s <= 0: "

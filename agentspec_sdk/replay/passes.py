@@ -5,18 +5,28 @@ mean pass a decoding row sees. Feeds the pass cost model (`law.fit_pass_costs`) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "ctx", "grammar")
+from agentspec_sdk.replay.trace import atomic_write_text
+
+PASS_LOGS = "passes.jsonl"  # beside report.json: the passes and steps the cost model was fitted on
+COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar")
 
 
 def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list[dict]:
     """The engine's passes (`Engine.pass_log`) joined with the structure proposer's steps
     (`Engine.step_log`): the proposer runs inside pass j (its step began during it: `proposer_s` of
     pass j) and the drafts it made there are verified in pass j + 1 (`drafted`, `drafted_ctx`,
-    `drafted_s` of pass j + 1)."""
+    `drafted_s` of pass j + 1).
+
+    Where the pass log carries vLLM's scheduler view (`scheduler_probe.FIELDS`) it replaces the
+    attributed counts: the draft tokens the pass verified (`spec_drafted`, any drafter, trimmed to
+    the grammar) and the prefill chunks it computed (`prefill_tokens`, `prefill_ctx`: a long prompt
+    is prefilled over several passes, the output-based log puts it all in the pass of the first
+    token); a structure step's schema share of its drafts is kept."""
     table = sorted((dict(p) for p in passes), key=lambda p: p["t"])
     ordered = sorted(steps, key=lambda s: s["t"])
     i, made = 0, None
@@ -40,6 +50,14 @@ def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list
         p["loop_s"] = max(nxt["t"] - (p["t"] + p["s"]), 0.0) if busy and "new" in nxt else 0.0
     if table:
         table[-1]["loop_s"] = 0.0
+    for p in table:
+        if "spec_drafted" not in p:
+            p.setdefault("prefill_ctx", 0.0)
+            continue
+        share = p["drafted_s"] / p["drafted"] if p["drafted"] else 0.0
+        p["drafted"], p["drafted_ctx"] = p["spec_drafted"], p["spec_drafted_ctx"]
+        p["drafted_s"] = p["drafted"] * share
+        p["prefill"], p["prefill_ctx"] = p["prefill_tokens"], p["prefill_ctx"]
     return table
 
 
@@ -74,3 +92,25 @@ def mean_pass(table: Iterable[Mapping]) -> dict | None:
     out["s"] += out["loop_s"]  # what a decoding row waits per pass: the pass and the loop after it
     out["passes"], out["row_passes"] = len(table), int(w.sum())
     return out
+
+
+def write_logs(path, steps: Mapping[tuple, list[Mapping]], passes: Mapping[tuple, list[Mapping]]) -> None:
+    """Every run's engine passes and proposer steps as JSON lines (`{"run": [arm, batch, gamma,
+    prefix_cache], "mode", "kind": "pass" | "step", ...}`), beside report.json: the raw data the
+    pass cost model was fitted on, to refit or inspect it (`read_logs`)."""
+    lines = [json.dumps({"run": list(key), "mode": mode, "kind": kind, **rec})
+             for kind, logs in (("pass", passes), ("step", steps))
+             for (key, mode), recs in logs.items() for rec in recs]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def read_logs(path) -> tuple[dict[tuple, list[dict]], dict[tuple, list[dict]]]:
+    """(steps, passes) per (run key, mode), as `write_logs` wrote them."""
+    steps: dict[tuple, list[dict]] = {}
+    passes: dict[tuple, list[dict]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            key = (tuple(rec.pop("run")), rec.pop("mode"))
+            (passes if rec.pop("kind") == "pass" else steps).setdefault(key, []).append(rec)
+    return steps, passes

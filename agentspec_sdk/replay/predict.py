@@ -42,7 +42,7 @@ def law_costs(model: law.PassCosts, comp: Mapping, proposer: Mapping | None = No
     ctx_row = float(comp["ctx"]) / n
     schema = float(comp["drafted_s"]) / comp["drafted"] if comp.get("drafted") else 0.0
     t_off = model.seconds(rows=n, ctx=comp["ctx"], prefill=comp["prefill"], grammar=comp.get("grammar", 0.0),
-                          proposer=False)
+                          prefill_ctx=comp.get("prefill_ctx", 0.0), proposer=False)
     if t_off <= 0:
         raise LawInputError(f"the pass cost model predicts {t_off:.3g} s for a pass of {n:.1f} rows: no law "
                             "terms")

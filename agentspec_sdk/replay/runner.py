@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from agentspec_sdk.errors import BackendError
 from agentspec_sdk.replay.arms import PROSE, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
+from agentspec_sdk.replay.passes import PASS_LOGS, write_logs
 from agentspec_sdk.replay.replayer import replay
 from agentspec_sdk.replay.report import build_report, summarize, write_report
 
@@ -212,6 +213,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
         rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
                            entropies=entropies or None, passes=passes)
         write_report(rep, out_dir, plots=plots)
+        write_logs(Path(out_dir) / PASS_LOGS, steps, passes)
         return rep
 
     def handler(cfg: ModeConfig) -> Callable[[tuple], None]:
