@@ -463,6 +463,26 @@ def test_oneof_literal_against_a_typed_branch_is_exclusive_only_when_provably_so
     assert accepts(grammar, "1") and accepts(grammar, "5") and not accepts(grammar, "2")
 
 
+def test_oneof_told_apart_by_keys_holds_for_objects_only(checker):
+    """Branches without `type`, told apart by a required key's constants (JSONSchemaBench
+    Github_hard o17700, found by the soundness walks): the proof speaks of objects; a string or a
+    number matches every branch, so oneOf rejects it. Two branches that constrain only objects:
+    the oneOf is objects only. One such branch beside a typed one: not provably exclusive."""
+    from agentspec_sdk.structure.exactness import validator_for
+
+    schema = {"oneOf": [{"required": ["name"], "properties": {"name": {"enum": ["a"]}}},
+                        {"required": ["name"],
+                         "properties": {"name": {"enum": ["b"]}, "code": {"type": "integer"}}}]}
+    valid, invalid = ['{"name":"a"}', '{"name":"b","code":1}'], ['"x"', "3", "null", "[]", '{"name":"c"}']
+    reference = validator_for(schema)
+    assert all(reference.is_valid(json.loads(t)) for t in valid)
+    assert not any(reference.is_valid(json.loads(t)) for t in invalid)
+    for text, by_judge in verdicts_of(checker, schema, valid + invalid).items():
+        assert set(by_judge.values()) == {text in valid}, (text, by_judge)
+    with pytest.raises(SchemaNotSupported, match="oneOf"):
+        compile_schema({"oneOf": [schema["oneOf"][0], {**schema["oneOf"][1], "type": ["object", "string"]}]})
+
+
 # ---------------------------------------------------------------- unevaluated*
 
 UNEVALUATED_CASES = [

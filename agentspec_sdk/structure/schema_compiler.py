@@ -66,6 +66,13 @@ from agentspec_sdk.structure.schema_algebra import (
 )
 
 MAX_DEPTH = 64
+# keywords that constrain objects only: a schema made of these (and annotations) holds for every
+# value of another type
+OBJECT_KEYWORDS = frozenset({
+    "properties", "required", "additionalProperties", "patternProperties", "minProperties",
+    "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames",
+    "unevaluatedProperties",
+})
 MAX_ENUM = 10_000
 MAX_ITEMS_BOUND = 2_048
 
@@ -616,11 +623,18 @@ class _Compiler:
                 raw.append(flat)
         unevaluated = [k for k in ("unevaluatedProperties", "unevaluatedItems")
                        if any(k in m for _, m in merged)]
-        if unevaluated and key == "anyOf" and not self.disjoint([m for _, m in merged], raw):
+        # several branches may hold on an object (unevaluatedProperties) or an array (Items):
+        # an overlap elsewhere changes nothing
+        matters = {"object", "array"} if "unevaluatedItems" in unevaluated else {"object"}
+        if unevaluated and key == "anyOf" and not self.disjoint([m for _, m in merged], raw, matters):
             # several branches may hold, and each evaluates its own keys: not a per-branch merge
             raise SchemaNotSupported(f"{unevaluated[0]} with anyOf branches that may overlap is not "
                                      "expressible",
                                      ptr(pointer, unevaluated[0]))
+        if key == "oneOf" and "oneOf" not in self.relax and not self.disjoint([m for _, m in merged], raw):
+            objects = self.objects_only(merged, pointer)
+            if objects is not None and self.disjoint([m for _, m in objects], raw):
+                merged = objects
         if key == "oneOf" and "oneOf" not in self.relax and not self.disjoint([m for _, m in merged], raw):
             exclusive = exclusive_required_branches(base,
                                                     [flat for _, flat in merged_flat(self, options, pointer)])
@@ -632,19 +646,48 @@ class _Compiler:
             return NOTHING
         return alt(*(self.node(m, ptr(pointer, key, i), depth + 1) for i, m in merged))
 
-    def disjoint(self, schemas: list[dict], raw: list[dict]) -> bool:
+    def disjoint(self, schemas: list[dict], raw: list[dict], matters: set | None = None) -> bool:
         """Whether no instance can match two branches (merged with their siblings; `raw`: as
-        written, whose additionalProperties speaks of the branch's own properties only)."""
+        written, whose additionalProperties speaks of the branch's own properties only). The
+        proofs by keys (`distinguished`, `forbids`) speak of objects only: they count where the
+        two branches share no other kind of value (`{"required": ["a"]}` holds for every string),
+        or none that `matters` (the kinds of value on which an overlap would matter; None: all)."""
         sets = [self.value_kinds(s) for s in schemas]
         for a in range(len(sets)):
             for b in range(a + 1, len(sets)):
                 if not self.kinds_overlap(sets[a], sets[b], schemas[a], schemas[b]):
                     continue
-                if distinguished(schemas[a], schemas[b]) or forbids(raw[a], schemas[b]) \
-                        or forbids(raw[b], schemas[a]):
+                if self.objects_at_most(sets[a], sets[b], matters) and (
+                        distinguished(schemas[a], schemas[b]) or forbids(raw[a], schemas[b])
+                        or forbids(raw[b], schemas[a])):
                     continue
                 return False
         return True
+
+    @staticmethod
+    def objects_at_most(x: set, y: set, matters: set | None = None) -> bool:
+        """Whether the values two branches' kinds share (of those that matter) can only be objects."""
+        if matters is not None:
+            return not ((x & y) - {"object"}) & matters
+        if any(isinstance(k, tuple) for k in x | y):  # literals: the keys' proofs do not apply
+            return False
+        return x & y <= {"object"}
+
+    def objects_only(self, merged: list, pointer: str) -> list | None:
+        """oneOf branches restricted to objects, when that is what the oneOf means: two branches
+        (merged with their siblings) that constrain nothing but objects both hold for every
+        non-object value, so no non-object value matches exactly one branch. None otherwise."""
+        free = [m for _, m in merged
+                if all(k in ANNOTATIONS or k in OBJECT_KEYWORDS or k not in HANDLED | UNSUPPORTED
+                       for k in m)]
+        if len(free) < 2:
+            return None
+        out = []
+        for i, m in merged:
+            restricted = merge(m, {"type": "object"}, pointer)
+            if restricted is not False:
+                out.append((i, restricted))
+        return out
 
     @staticmethod
     def kinds_overlap(x: set, y: set, schema_x: dict, schema_y: dict) -> bool:
