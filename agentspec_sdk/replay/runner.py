@@ -1,7 +1,9 @@
-"""Run a measurement plan: each engine configuration is measured in a process of its own (spawned
-one after another, each with the engine in-process, so every mode runs under the same conditions and
-vLLM's per-process state never carries over), every arm replayed at every batch size on it, a report
-written after each engine so an interrupted run (Ctrl-C) still leaves a valid report, marked partial."""
+"""Run a measurement plan: each engine configuration is measured in a process of its own (the engine
+in-process there, so vLLM's per-process state never carries over between modes). Up to
+MAX_LIVE_ENGINES processes live at once and take turns: every arm at every batch size is replayed by
+each engine in turn before the next arm, so the modes compared on one arm run minutes apart and the
+machine's drift lands on all of them alike. A report is written after each round, so an interrupted
+run (Ctrl-C) still leaves a valid report, marked partial."""
 
 from __future__ import annotations
 
@@ -97,42 +99,54 @@ def _warm_up(engine: AgentEngine) -> None:
         raise BackendError(f"engine warm-up request failed: {res.error}")
 
 
-def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,
-                   emit: Callable[[tuple], None], t0: float) -> None:
-    """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
-    `emit` receives ("started", seconds to a warm engine), ("status", text), ("turn", TurnLog) and
-    ("run", summary, logs, proposer steps, engine passes) events in order."""
+def prepare_engine(plan: Plan, engine: AgentEngine) -> None:
+    """Every arm's tools registered and one warm-up turn, before anything is timed."""
     tools = _unique_tools(plan.arms)
     if tools and hasattr(engine, "register_tools"):
         engine.register_tools(tools)
     _warm_up(engine)
+
+
+def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any, arm: Arm, b: int,
+                emit: Callable[[tuple], None]) -> None:
+    """Replay one arm at batch size `b` on a prepared engine; `emit` receives ("status", text),
+    ("turn", TurnLog) and ("run", summary, logs, proposer steps, engine passes) events in order."""
+    emit(("status", f"{_label(cfg)}: arm {arm.name}, b={b}"))
+    began = time.time()
+    run = replay(engine, arm.episodes, tokenizer=tokenizer, concurrency=b,
+                 max_tokens=arm.max_tokens, max_steps=arm.max_steps,
+                 max_segments=arm.max_segments, tool_choice=arm.tool_choice,
+                 latency_scale=plan.latency_scale, on_turn=lambda log: emit(("turn", log)),
+                 grammar=arm.grammar)
+    summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
+                        wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
+                        interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
+    ended = time.time()
+    steps = engine.step_log(began, ended) if hasattr(engine, "step_log") else []
+    passes = engine.pass_log(began, ended) if hasattr(engine, "pass_log") else []
+    emit(("run", summary, run.logs, steps, passes))
+    if run.interrupted:
+        raise KeyboardInterrupt
+
+
+def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,
+                   emit: Callable[[tuple], None], t0: float) -> None:
+    """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
+    `emit` receives ("started", seconds to a warm engine), then `measure_run`'s events per run."""
+    prepare_engine(plan, engine)
     emit(("started", time.perf_counter() - t0))
     for arm in plan.arms:
         for b in plan.batches:
-            emit(("status", f"{_label(cfg)}: arm {arm.name}, b={b}"))
-            began = time.time()
-            run = replay(engine, arm.episodes, tokenizer=tokenizer, concurrency=b,
-                         max_tokens=arm.max_tokens, max_steps=arm.max_steps,
-                         max_segments=arm.max_segments, tool_choice=arm.tool_choice,
-                         latency_scale=plan.latency_scale, on_turn=lambda log: emit(("turn", log)),
-                         grammar=arm.grammar)
-            summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
-                                wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
-                                interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
-            ended = time.time()
-            steps = engine.step_log(began, ended) if hasattr(engine, "step_log") else []
-            passes = engine.pass_log(began, ended) if hasattr(engine, "pass_log") else []
-            emit(("run", summary, run.logs, steps, passes))
-            if run.interrupted:
-                raise KeyboardInterrupt
+            measure_run(plan, cfg, engine, tokenizer, arm, b, emit)
 
 
 def _label(cfg: ModeConfig) -> str:
     return f"{cfg.mode} γ={cfg.gamma}{'' if cfg.prefix_cache else ' no-prefix-cache'}"
 
 
-def _child(plan: Plan, cfg: ModeConfig, events) -> None:
-    """Body of the measuring process: engine, replay, events back to the parent through `events`."""
+def _child(plan: Plan, cfg: ModeConfig, events, commands) -> None:
+    """Body of one measuring process: its engine, then the runs the parent asks for (("run", arm
+    index, batch) on `commands`, each answered by its events and ("ran",)) until ("stop",)."""
     import signal
 
     from agentspec_sdk.backends.model_bundle import load_tokenizer
@@ -146,7 +160,11 @@ def _child(plan: Plan, cfg: ModeConfig, events) -> None:
         t0 = time.perf_counter()
         engine = build_engine(plan, cfg)
         try:
-            measure_config(plan, cfg, engine, tokenizer, events.put, t0)
+            prepare_engine(plan, engine)
+            events.put(("started", time.perf_counter() - t0))
+            while (cmd := commands.get())[0] == "run":
+                measure_run(plan, cfg, engine, tokenizer, plan.arms[cmd[1]], cmd[2], events.put)
+                events.put(("ran",))
         finally:
             engine.close()
         events.put(("done",))
@@ -154,37 +172,86 @@ def _child(plan: Plan, cfg: ModeConfig, events) -> None:
         events.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _measure_in_child(plan: Plan, cfg: ModeConfig, handle: Callable[[tuple], None]) -> None:
-    import multiprocessing as mp
-    import queue as queue_mod
+# Engines alive at once while their runs interleave (each holds its model and KV cache: ≈ 3-4 GB here).
+MAX_LIVE_ENGINES = 4
 
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(plan, cfg, events), name=f"agentspec-{cfg.mode}", daemon=True)
-    proc.start()
-    try:
+
+class _Worker:
+    """The parent's handle on one measuring process."""
+
+    def __init__(self, plan: Plan, cfg: ModeConfig, handle: Callable[[tuple], None]):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.cfg, self.handle = cfg, handle
+        self.events, self.commands = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_child, args=(plan, cfg, self.events, self.commands),
+                                name=f"agentspec-{cfg.mode}", daemon=True)
+        self.proc.start()
+
+    def pump(self, until: str) -> None:
+        """Hand this process's events to `handle` up to and including one of kind `until`."""
+        import queue as queue_mod
+
         while True:
             try:
-                event = events.get(timeout=1.0)
+                event = self.events.get(timeout=1.0)
             except queue_mod.Empty:
-                if not proc.is_alive():
-                    raise BackendError(f"measuring process for {_label(cfg)} died "
-                                       f"(exit code {proc.exitcode})") from None
+                if not self.proc.is_alive():
+                    raise BackendError(f"measuring process for {_label(self.cfg)} died "
+                                       f"(exit code {self.proc.exitcode})") from None
                 continue
-            if event[0] == "done":
-                break
             if event[0] == "error":
-                raise BackendError(f"{_label(cfg)}: {event[1]}")
-            handle(event)
-        proc.join(timeout=60)
+                raise BackendError(f"{_label(self.cfg)}: {event[1]}")
+            self.handle(event)
+            if event[0] == until:
+                return
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            self.commands.put(("stop",))
+            try:
+                self.pump("done")
+            except BackendError:
+                pass
+            self.proc.join(timeout=60)
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=10)
+            if self.proc.is_alive():
+                self.proc.kill()
+        for q in (self.events, self.commands):
+            q.close()
+            q.join_thread()
+
+
+def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callable[[ModeConfig], Callable],
+                         after_round: Callable[[], None]) -> None:
+    """Measure `configs` with one live process each, their runs interleaved: for every arm and batch
+    size each engine replays it in turn (the order rotating from one round to the next), so the
+    modes compared on an arm run minutes apart, not a whole plan apart. On a shared machine the
+    speed drifts over minutes; interleaving puts the drift into every mode alike instead of into the
+    ratios between them. Engines start one after another (their start-up is not timed against
+    each other)."""
+    workers: list[_Worker] = []
+    try:
+        for cfg in configs:
+            w = _Worker(plan, cfg, handler(cfg))
+            workers.append(w)
+            w.pump("started")
+        rounds = [(i, b) for i in range(len(plan.arms)) for b in plan.batches]
+        for r, (arm_index, b) in enumerate(rounds):
+            for w in workers[r % len(workers):] + workers[:r % len(workers)]:
+                w.commands.put(("run", arm_index, b))
+                w.pump("ran")
+            after_round()
+        for w in workers:
+            w.stop()
     finally:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-        events.close()
-        events.join_thread()
+        for w in workers:
+            w.kill()
 
 
 def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
@@ -205,11 +272,17 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
             "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
             "enforce_eager": plan.enforce_eager,
             "engine_process": "in-process" if engine_factory is not None
-            else "one spawned process per config"}
+            else f"one spawned process per config, up to {MAX_LIVE_ENGINES} alive, their runs interleaved"}
 
     entropies: dict[str, list[float]] = {}
 
+    order = {(c.mode, c.gamma, c.prefix_cache): i for i, c in enumerate(plan.configs)}
+    arm_order = {a.name: i for i, a in enumerate(plan.arms)}
+
     def report(partial: bool) -> dict:
+        # runs in plan order (config, arm, batch), however they were interleaved in time
+        runs.sort(key=lambda r: (order.get((r["mode"], r["gamma"], r["prefix_cache"]), len(order)),
+                                 arm_order.get(r["arm"], len(arm_order)), r["batch"]))
         rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
                            entropies=entropies or None, passes=passes)
         write_report(rep, out_dir, plots=plots)
@@ -235,18 +308,21 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
         return handle
 
     try:
-        for cfg in plan.configs:
+        if engine_factory is None:
+            for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
+                group = plan.configs[at:at + MAX_LIVE_ENGINES]
+                if on_status:
+                    on_status(f"starting engines: {', '.join(_label(c) for c in group)}")
+                _measure_interleaved(plan, group, handler, lambda: report(partial=True))
+        for cfg in plan.configs if engine_factory is not None else []:
             if on_status:
                 on_status(f"starting engine: {_label(cfg)}")
-            if engine_factory is None:
-                _measure_in_child(plan, cfg, handler(cfg))
-            else:
-                t0 = time.perf_counter()
-                engine = engine_factory(plan, cfg)
-                try:
-                    measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0)
-                finally:
-                    engine.close()
+            t0 = time.perf_counter()
+            engine = engine_factory(plan, cfg)
+            try:
+                measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0)
+            finally:
+                engine.close()
             report(partial=True)
         if plan.entropies and engine_factory is None:
             from agentspec_sdk.backends.target_entropy import class_entropies
