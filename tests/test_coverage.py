@@ -132,3 +132,98 @@ def test_the_reference_reads_patterns_as_ecma_262():
     assert reference["patternProperties"] == {"^x[0-9]$": {"enum": [r"\d"]}}  # values are data, kept
     assert validator_for(schema).is_valid({"d": "\u0966"})  # Python's reading
     assert not validator_for(reference).is_valid({"d": "\u0966"})  # ECMA's reading
+
+
+TREE = {"type": "object", "properties": {"value": {"type": "integer"},
+                                         "children": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["value"], "additionalProperties": False}
+
+
+def judges_of(checker, schema):
+    from agentspec_sdk.structure.schema_compiler import schema_rules
+
+    rules = schema_rules(schema, "s")
+    return checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
+
+
+def test_recursion_is_unrolled_to_instances_valid_under_the_original():
+    """hypothesis-jsonschema refuses a recursive $ref; the bounded unrolling gives it a schema with
+    no $ref whose instances the ORIGINAL schema's validator accepts (cut refs become `false`)."""
+    import warnings
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis_jsonschema import from_schema
+
+    from agentspec_sdk.structure.exactness import _hypothesis_compat, bounded_refs, validator_for
+
+    _hypothesis_compat()
+    assert bounded_refs({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}},
+                         "$defs": {"a": {"type": "integer"}}}) is None  # no recursion: nothing to unroll
+    unrolled = bounded_refs(TREE)
+    assert "$ref" not in json.dumps(unrolled)
+    assert unrolled["properties"]["children"]["items"]["properties"]["children"]["items"] is False
+    original = validator_for(TREE)
+    seen = []
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hypothesis: characters that do not round-trip
+
+        @settings(max_examples=30, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(from_schema(unrolled))
+        def check(value):
+            assert original.is_valid(value), value
+            seen.append(value)
+
+        check()
+    assert any(v.get("children") for v in seen)  # nested instances, not only the base case
+
+
+def test_completeness_runs_on_a_recursive_schema_and_can_fail(checker):
+    """The unrolled instances are judged like any other: the tree's own grammar accepts them (exact);
+    the grammar of a tree whose values must be 0 (a wrong grammar for TREE) rejects some."""
+    from agentspec_sdk.structure.exactness import check_exactness
+
+    result = check_exactness(TREE, judges_of(checker, TREE), seconds=10.0)
+    assert result.completeness_unchecked is None and result.completeness_checked > 0
+    assert result.exact and result.disagreement is None
+    zero = {**TREE, "properties": {**TREE["properties"], "value": {"const": 0}}}
+    wrong = check_exactness(TREE, judges_of(checker, zero), seconds=10.0, examples=30)
+    assert wrong.completeness_failure is not None and not wrong.exact
+    assert json.loads(wrong.completeness_failure)["value"] != 0 or "children" in wrong.completeness_failure
+
+
+def nested_object(depth: int, width: int) -> dict:
+    """Objects `width` optional properties wide (strings, integers, one nested object), `depth` deep."""
+    if depth == 0:
+        return {"type": "string"}
+    props = {f"p{i}": ({"type": "integer"} if i % 2 else {"type": "string", "maxLength": 40})
+             for i in range(width)}
+    props["nested"] = nested_object(depth - 1, width)
+    return {"type": "object", "properties": props, "required": ["nested"]}
+
+
+def test_walks_finish_on_a_large_nested_object(checker):
+    """Eight levels of required nesting, 12 optional properties each: the walks settle (close strings
+    and objects, skip optional keys) and finish within the time; every finished one validates."""
+    from agentspec_sdk.structure.exactness import Exactness, _soundness, validator_for
+
+    schema = nested_object(8, 12)
+    result = Exactness()
+    _soundness(judges_of(checker, schema), validator_for(schema), result, 5.0, 8, 4096, 0)
+    assert result.soundness_walks >= 4 and result.soundness_checked == result.soundness_walks
+    assert result.soundness_failure is None and result.disagreement is None
+    assert result.soundness_bytes > 100  # the later walks explore before settling
+
+
+def test_walks_find_texts_a_wrong_grammar_allows(checker):
+    """A grammar for any integer, judged against `maximum: 3`: the walks (which only follow the
+    mask) produce integers above 3, and soundness fails with one of them."""
+    from agentspec_sdk.structure.exactness import Exactness, _soundness, validator_for
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 3}}, "required": ["a"],
+              "additionalProperties": False}
+    loose = {**schema, "properties": {"a": {"type": "integer"}}}
+    result = Exactness()
+    _soundness(judges_of(checker, loose), validator_for(schema), result, 5.0, 8, 4096, 0)
+    assert result.soundness_failure is not None and json.loads(result.soundness_failure)["a"] > 3

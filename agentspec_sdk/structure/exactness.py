@@ -41,6 +41,9 @@ def _deadline(seconds: float):
         return
 
     def expire(signum, frame):
+        # raised inside a gc or weakref callback, the exception is printed and dropped: fire
+        # again soon, until it lands in the body (the finally below disarms the timer)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
         raise _OutOfTime()
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -59,6 +62,8 @@ class Exactness:
     completeness_unchecked: str | None = None  # why no instance could be checked
     unspellable: int = 0  # valid instances skipped: the tokenizer cannot write them
     soundness_checked: int = 0  # finished walks validated
+    soundness_walks: int = 0  # walks that finished (end of text allowed and taken)
+    soundness_bytes: int = 0  # length of the longest finished walk
     soundness_failure: str | None = None  # a sampled text jsonschema rejects
     disagreement: str | None = None  # a text the judges disagree on, with their verdicts
 
@@ -112,6 +117,76 @@ def ascii_classes(pattern: str) -> str:
     return "".join(out)
 
 
+MAX_UNROLLED_NODES = 50_000  # bound on the unrolled copy's size (shared $refs inline as copies)
+
+
+def bounded_refs(schema, depth: int = 1):
+    """A copy of `schema` with every local `$ref` replaced by its target and recursion cut: a
+    `$ref` met again on a path where its target is already open `depth` times becomes `false`.
+    Returns None when the schema has no recursion (nothing to unroll), or it cannot be unrolled
+    (a `$ref` the resolver cannot find, a copy over MAX_UNROLLED_NODES nodes).
+
+    For hypothesis-jsonschema, which resolves `$ref`s by inlining them and gives up on recursive
+    ones. The copy only narrows: `false` admits nothing, so each `$ref` cut narrows the schema
+    around it (an optional property cut becomes absent, a cut array item makes the array empty,
+    a cut `anyOf` branch is dropped), and `$ref` siblings are kept beside the target (`allOf`),
+    which narrows the drafts that ignore them. Every instance it yields is a candidate only: the
+    completeness check keeps those the original schema's validator accepts."""
+    from urllib.parse import urldefrag, urljoin
+
+    from hypothesis_jsonschema._canonicalise import SCHEMA_KEYS, SCHEMA_OBJECT_KEYS
+    from hypothesis_jsonschema._resolve import LocalResolver
+
+    resolver = LocalResolver.from_schema(copy.deepcopy(schema))
+    state = {"nodes": 0, "cut": False}
+
+    def walk(node, open_refs: tuple):
+        if not isinstance(node, dict):
+            return node
+        state["nodes"] += 1
+        if state["nodes"] > MAX_UNROLLED_NODES:
+            raise _TooLarge()
+        if isinstance(node.get("$ref"), str):
+            ref = node["$ref"]
+            url = urldefrag(urljoin(resolver.resolution_scope, ref))  # "#" and "" are one target
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            if open_refs.count(url) >= depth:
+                state["cut"] = True
+                return False
+            with resolver.resolving(ref) as target:
+                inner = walk(target, (*open_refs, url))
+            rest = walk(siblings, open_refs)
+            if not any(k not in ("definitions", "$defs") for k in rest):
+                return inner
+            return {"allOf": [rest, inner]}
+        out = {}
+        for key, value in node.items():
+            if key in ("definitions", "$defs"):
+                continue  # every $ref into them is inlined
+            if key in SCHEMA_KEYS or key in ("prefixItems", "dependentSchemas",
+                                             "unevaluatedProperties", "unevaluatedItems"):
+                if isinstance(value, list):
+                    value = [walk(v, open_refs) for v in value]
+                else:
+                    value = walk(value, open_refs)
+            elif key in SCHEMA_OBJECT_KEYS and isinstance(value, dict):
+                value = {k: walk(v, open_refs) for k, v in value.items()}
+            out[key] = value
+        return out
+
+    try:
+        unrolled = walk(schema, ())
+    except (_TooLarge, RecursionError):
+        return None
+    except Exception:  # the resolver could not find a $ref (jsonschema's RefResolutionError, ...)
+        return None
+    return unrolled if state["cut"] else None
+
+
+class _TooLarge(Exception):
+    pass
+
+
 def validator_for(schema):
     """The `jsonschema` validator of the schema's declared draft (2020-12 without `$schema`),
     checking formats (the grammar asserts them by default)."""
@@ -122,17 +197,20 @@ def validator_for(schema):
 
 
 def check_exactness(schema, judges, *, seconds: float = 2.0, examples: int = 10, walks: int = 8,
-                    max_tokens: int = 128, seed: int = 0, relax=(), closed: bool = False) -> Exactness:
-    """Both checks on one compiled schema (`judges`: its `grammar_checks.Judges`), half of
-    `seconds` each."""
+                    max_bytes: int = 4096, seed: int = 0, relax=(), closed: bool = False) -> Exactness:
+    """Both checks on one compiled schema (`judges`: its `grammar_checks.Judges`) within
+    `seconds`: soundness first, with at most half of it, then completeness with what is left (the
+    walks usually end early; hypothesis-jsonschema needs the time on large schemas)."""
     result = Exactness()
     if judges.llg is None:
         result.completeness_unchecked = "llguidance did not compile the grammar"
         return result
+    start = time.monotonic()
     reference = ecma_reference(schema)
     validator = validator_for(reference)
-    _completeness(schema, reference, judges, validator, result, seconds / 2, examples, relax, closed)
-    _soundness(judges, validator, result, seconds / 2, walks, max_tokens, seed)
+    _soundness(judges, validator, result, seconds / 2, walks, max_bytes, seed)
+    left = max(seconds - (time.monotonic() - start), seconds / 2)
+    _completeness(schema, reference, judges, validator, result, left, examples, relax, closed)
     return result
 
 
@@ -181,12 +259,16 @@ def _completeness(schema, reference, judges, validator, result: Exactness, secon
     _hypothesis_compat()
 
     values: list = []
-    end = time.monotonic() + seconds
+    began = time.monotonic()
+    end = began + 0.75 * seconds  # the rest of `seconds` judges the instances
     try:
-        # backstop: building the strategy can be slow
-        with _deadline(seconds * 1.5), warnings.catch_warnings():
+        # building the strategy can be slow: the alarm bounds it
+        with _deadline(seconds), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # hypothesis warns about characters that do not round-trip
-            strategy = from_schema(copy.deepcopy(reference))  # it rewrites the schema in place (sorted keys)
+            # recursive $refs: a bounded unrolling (see bounded_refs); its instances are
+            # validated against the original schema below like any other
+            source = bounded_refs(reference) or reference
+            strategy = from_schema(copy.deepcopy(source))  # it rewrites the schema in place (sorted keys)
 
             @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
                       suppress_health_check=list(HealthCheck), derandomize=True)
@@ -203,9 +285,8 @@ def _completeness(schema, reference, judges, validator, result: Exactness, secon
                 f"{type(exc).__name__}: {str(exc)[:120]}")
             result.completeness_unchecked = f"hypothesis-jsonschema: {why}"
             return
-    start = time.monotonic()
     for value in values:
-        if time.monotonic() - start > seconds:
+        if time.monotonic() - began > seconds and result.completeness_checked:
             break
         if _is_valid(validator, value) is not True:
             continue
@@ -222,7 +303,52 @@ def _completeness(schema, reference, judges, validator, result: Exactness, secon
         result.completeness_unchecked = "no valid instance the tokenizer can spell generated in time"
 
 
-def _soundness(judges, validator, result: Exactness, seconds, walks, max_tokens, seed) -> None:
+class _JsonState:
+    """Where a walk's output stands lexically (inside a string or not, open brackets): the
+    walk's steering reads it; it decides nothing about validity."""
+
+    def __init__(self):
+        self.in_string = self.escaped = False
+        self.depth = 0
+
+    def feed(self, data: bytes) -> None:
+        for b in data:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif b == 0x5C:  # backslash
+                    self.escaped = True
+                elif b == 0x22:
+                    self.in_string = False
+            elif b == 0x22:
+                self.in_string = True
+            elif b in (0x7B, 0x5B):
+                self.depth += 1
+            elif b in (0x7D, 0x5D):
+                self.depth -= 1
+
+
+def _weight(byte: int, state: _JsonState, settling: bool) -> float:
+    """How much a walk prefers the next byte. Exploring: closing bytes 20x (as before). Settling
+    (past the walk's length threshold): end the current string, close brackets, skip optional
+    parts (`,` rarely), open no new object or array."""
+    if not settling:
+        return 20.0 if byte in CLOSING else 1.0
+    if state.in_string:
+        return 1000.0 if byte == 0x22 else 1.0
+    if byte in (0x7D, 0x5D):  # } ]
+        return 1000.0
+    if byte in (0x7B, 0x5B):  # { [
+        return 0.01
+    if byte == 0x2C:  # ,
+        return 0.1
+    return 1.0
+
+
+SETTLE_AFTER = (0, 64, 256, 1024)  # bytes before walk k starts settling: SETTLE_AFTER[k % 4]
+
+
+def _soundness(judges, validator, result: Exactness, seconds, walks, max_bytes, seed) -> None:
     import numpy as np
 
     checker = judges.checker
@@ -230,32 +356,17 @@ def _soundness(judges, validator, result: Exactness, seconds, walks, max_tokens,
     eos, size = tokenizer.eos_token, tokenizer.vocab_size
     singles = checker.single_byte_tokens
     rng = random.Random(seed)
-    start = time.monotonic()
-    for _ in range(walks):
-        if time.monotonic() - start > seconds:
+    deadline = time.monotonic() + seconds
+    for k in range(walks):
+        if time.monotonic() > deadline:
             break
-        matcher, out, finished = judges.llg.deep_copy(), bytearray(), False
-        for step in range(max_tokens):
-            mask = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
-                                 bitorder="little")[:size]
-            if mask[eos] and (rng.random() < 0.3 or step == max_tokens - 1):
-                finished = True
-                break
-            options = [(b, t) for b, t in enumerate(singles) if t >= 0 and mask[t]]
-            if options:
-                weights = [20 if b in CLOSING else 1 for b, _ in options]
-                token = rng.choices([t for _, t in options], weights)[0]
-            else:  # bytes are forced: llguidance allows only their canonical tokens
-                allowed = [int(t) for t in np.flatnonzero(mask) if t != eos]
-                if not allowed:
-                    finished = bool(mask[eos])
-                    break
-                token = rng.choice(allowed)
-            if not matcher.consume_token(token):
-                break
-            out += tokenizer.decode_bytes([token])
-        if not finished:
+        out = _walk(judges.llg.deep_copy(), tokenizer, singles, eos, size, rng, np,
+                    settle_after=SETTLE_AFTER[k % len(SETTLE_AFTER)], max_bytes=max_bytes,
+                    deadline=deadline)
+        if out is None:
             continue
+        result.soundness_walks += 1
+        result.soundness_bytes = max(result.soundness_bytes, len(out))
         try:
             text = out.decode("utf-8")
             value = json.loads(text)
@@ -271,3 +382,42 @@ def _soundness(judges, validator, result: Exactness, seconds, walks, max_tokens,
         result.soundness_checked += 1
         if not valid and result.soundness_failure is None:
             result.soundness_failure = text[:300]
+
+
+def _walk(matcher, tokenizer, singles, eos, size, rng, np, *, settle_after, max_bytes, deadline):
+    """One random walk over the matcher's token masks: the bytes of a finished walk (the mask
+    allowed end of text and the walk took it), or None (the matcher stopped in error, or the walk
+    ran past `max_bytes` or the deadline). Bytes the grammar forces are consumed as llguidance's
+    fast-forward tokens (`compute_ff_tokens`, checked by `consume_tokens`): they cost no random
+    step. Otherwise the next token is drawn from the mask: a single-byte token when the mask
+    allows any (weighted by `_weight`), else any allowed token."""
+    out, state = bytearray(), _JsonState()
+    while len(out) <= max_bytes and time.monotonic() < deadline:
+        forced = matcher.compute_ff_tokens()
+        if forced:
+            if not matcher.consume_tokens(forced):
+                return None
+            data = tokenizer.decode_bytes(forced)
+            out += data
+            state.feed(data)
+            continue
+        mask = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")[:size]
+        settling = len(out) >= settle_after
+        if mask[eos] and (settling or rng.random() < 0.3):
+            return out
+        options = [(b, t) for b, t in enumerate(singles) if t >= 0 and mask[t]]
+        if options:
+            weights = [_weight(b, state, settling) for b, _ in options]
+            token = rng.choices([t for _, t in options], weights)[0]
+        else:  # bytes are forced: llguidance allows only their canonical tokens
+            allowed = [int(t) for t in np.flatnonzero(mask) if t != eos]
+            if not allowed:
+                return out if mask[eos] else None
+            token = rng.choice(allowed)
+        if not matcher.consume_token(token):
+            return None
+        data = tokenizer.decode_bytes([token])
+        out += data
+        state.feed(data)
+    return None
