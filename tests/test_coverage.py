@@ -47,7 +47,8 @@ def sample(tmp_path):
 
 
 COUNTS = {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact", "completeness_failures",
-          "soundness_failures", "completeness_unchecked", "disagreements", "examples"}
+          "soundness_failures", "completeness_unchecked", "soundness_unchecked", "disagreements", "examples",
+          "seconds"}
 
 
 def test_coverage_counts_on_a_sample(sample, checker):

@@ -7,6 +7,7 @@ the texts on which the judges disagree). DIR holds one sub-folder of `*.json` sc
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,15 +17,16 @@ from agentspec_sdk.errors import SchemaNotSupported
 from agentspec_sdk.structure.schema_compiler import schema_rules
 
 EXACTNESS_KEYS = ("exact", "completeness_failures", "soundness_failures", "completeness_unchecked",
-                  "disagreements")
+                  "soundness_unchecked", "disagreements")
 
 
 def coverage_report(root: Path, checker, *, limit: int = 0, relax=(),
                     seconds: float = 2.0) -> tuple[dict, Counter]:
     """Per dataset {"total", "compiled", "lark_ok", "llguidance_ok", "xgrammar_ok", "exact",
-    "completeness_failures", "soundness_failures", "completeness_unchecked", "disagreements",
-    "examples"} and failure reasons. `seconds`: time for the exactness checks per schema (0: no
-    checks, their counts are None). `examples` holds one schema and text per kind of failure."""
+    "completeness_failures", "soundness_failures", "completeness_unchecked", "soundness_unchecked",
+    "disagreements", "examples", "seconds"} and failure reasons. `seconds`: time for the exactness
+    checks per schema (0: no checks, their counts are None); the report's "seconds" is the
+    dataset's wall time. `examples` holds one schema and text per kind of failure."""
     from agentspec_sdk.structure.exactness import check_exactness
 
     datasets: dict[str, dict] = {}
@@ -33,6 +35,7 @@ def coverage_report(root: Path, checker, *, limit: int = 0, relax=(),
     if not folders:
         raise typer.BadParameter(f"{root} has no dataset sub-folders")
     for folder in folders:
+        began = time.monotonic()
         counts: dict = {"total": 0, "compiled": 0, "lark_ok": 0, "llguidance_ok": 0, "xgrammar_ok": 0}
         counts.update(dict.fromkeys(EXACTNESS_KEYS, 0 if seconds > 0 else None))
         examples: dict[str, dict] = {}
@@ -69,9 +72,12 @@ def coverage_report(root: Path, checker, *, limit: int = 0, relax=(),
                 if found is not None:
                     counts[key] += 1
                     examples.setdefault(key, {"schema": path.name, "text": found})
+            if result.soundness_walks == 0:  # no walk finished in time: soundness did not run
+                counts["soundness_unchecked"] += 1
             if result.completeness_unchecked:
                 reasons[f"{folder.name}: completeness unchecked: {result.completeness_unchecked[:80]}"] += 1
         counts["examples"] = examples
+        counts["seconds"] = round(time.monotonic() - began, 1)
         datasets[folder.name] = counts
     return datasets, reasons
 
@@ -112,7 +118,7 @@ def coverage(
     for name, c in datasets.items():
         share = (c["exact"] or 0) / c["total"] if c["total"] else 0.0
         cells = "".join(f"{'-' if c[k] is None else c[k]:>{w}}" for k, w in zip(columns, widths, strict=True))
-        typer.echo(f"{name:<16}{cells}   ({share:.1%} exact)")
+        typer.echo(f"{name:<16}{cells}   ({share:.1%} exact, {c['seconds']} s)")
     for name, c in datasets.items():
         for kind, example in c["examples"].items():
             typer.echo(f"{name}: {kind}: {example['schema']}: {example['text'][:160]}")
