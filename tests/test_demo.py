@@ -65,8 +65,11 @@ def test_demo_interleaves_the_modes_and_keeps_the_pass_logs(demo_report):
     for (key, mode), ps in passes.items():
         assert all("prefill_tokens" in p and "spec_drafted" in p for p in ps), (key, mode)
         run = next(r for r in rep["runs"] if r["arm"] == key[0] and r["mode"] == mode)
-        # the drafts vLLM verified in the run's passes are the run's drafts (vLLM's own count)
-        assert sum(p["spec_drafted"] for p in ps) == run["drafted"] or mode == "off", (key, mode)
+        # the drafts vLLM verified in the run's passes are the run's drafts, less the few a grammar
+        # trimmed before verification (a draft whose first token completes the grammar has no step)
+        verified = sum(p["spec_drafted"] for p in ps)
+        assert (verified == 0) if mode == "off" else (0.95 * run["drafted"] <= verified <= run["drafted"]), \
+            (key, mode, verified, run["drafted"])
 
 
 @pytest.mark.engine
