@@ -21,6 +21,7 @@ import copy
 import json
 import random
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -49,13 +50,20 @@ def _deadline(seconds: float):
         signal.setitimer(signal.ITIMER_REAL, 0.05)
         raise _OutOfTime()
 
+    def unraisable(info):  # a swallowed expiry is expected (see expire): do not print it
+        if not isinstance(info.exc_value, _OutOfTime):
+            hook(info)
+
+    hook = sys.unraisablehook
     previous = signal.signal(signal.SIGALRM, expire)
+    sys.unraisablehook = unraisable
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = hook
 
 
 @dataclass
