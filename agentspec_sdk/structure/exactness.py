@@ -167,13 +167,11 @@ def bounded_refs(schema, depth: int = 1):
             with resolver.resolving(ref) as target:
                 inner = walk(target, (*open_refs, url))
             rest = walk(siblings, open_refs)
-            if not any(k not in ("definitions", "$defs") for k in rest):
-                return inner
-            return {"allOf": [rest, inner]}
+            return {"allOf": [rest, inner]} if rest else inner
         out = {}
         for key, value in node.items():
-            if key in ("definitions", "$defs"):
-                continue  # every $ref into them is inlined
+            if key in _DROPPED:
+                continue
             if key in SCHEMA_KEYS or key in ("prefixItems", "dependentSchemas",
                                              "unevaluatedProperties", "unevaluatedItems"):
                 if isinstance(value, list):
@@ -196,6 +194,12 @@ def bounded_refs(schema, depth: int = 1):
 
 class _TooLarge(Exception):
     pass
+
+
+# left out of the unrolled copy: definitions (every $ref into them is inlined) and annotations
+# (they constrain nothing; a $ref with only annotations beside it needs no allOf)
+_DROPPED = frozenset({"definitions", "$defs", "description", "title", "default", "examples", "example",
+                      "$comment", "deprecated", "readOnly", "writeOnly"})
 
 
 def validator_for(schema):
@@ -285,7 +289,7 @@ def _completeness(schema, reference, judges, validator, result: Exactness, secon
                       suppress_health_check=list(HealthCheck), derandomize=True)
             @given(strategy)
             def collect(value):
-                if time.monotonic() > end:
+                if values and time.monotonic() > end:  # the first one is kept until the alarm
                     raise _OutOfTime()
                 values.append(value)
 
