@@ -228,7 +228,7 @@ class _Worker:
 
 
 def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callable[[ModeConfig], Callable],
-                         after_round: Callable[[], None]) -> None:
+                         after_round: Callable[[], None], batches: list[int]) -> None:
     """Measure `configs` with one live process each, their runs interleaved: for every arm and batch
     size each engine replays it in turn (the order rotating from one round to the next), so the
     modes compared on an arm run minutes apart, not a whole plan apart. On a shared machine the
@@ -241,7 +241,7 @@ def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callabl
             w = _Worker(plan, cfg, handler(cfg))
             workers.append(w)
             w.pump("started")
-        rounds = [(i, b) for i in range(len(plan.arms)) for b in plan.batches]
+        rounds = [(i, b) for i in range(len(plan.arms)) for b in batches]
         for r, (arm_index, b) in enumerate(rounds):
             for w in workers[r % len(workers):] + workers[:r % len(workers)]:
                 w.commands.put(("run", arm_index, b))
@@ -309,11 +309,14 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
 
     try:
         if engine_factory is None:
-            for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
-                group = plan.configs[at:at + MAX_LIVE_ENGINES]
-                if on_status:
-                    on_status(f"starting engines: {', '.join(_label(c) for c in group)}")
-                _measure_interleaved(plan, group, handler, lambda: report(partial=True))
+            # fresh engines per batch size: a second batch size on the same engine would replay the
+            # very prompts it has just answered (prefix cache warm, suffix trees holding the outputs)
+            for b in plan.batches:
+                for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
+                    group = plan.configs[at:at + MAX_LIVE_ENGINES]
+                    if on_status:
+                        on_status(f"starting engines (b={b}): {', '.join(_label(c) for c in group)}")
+                    _measure_interleaved(plan, group, handler, lambda: report(partial=True), [b])
         for cfg in plan.configs if engine_factory is not None else []:
             if on_status:
                 on_status(f"starting engine: {_label(cfg)}")
