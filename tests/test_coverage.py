@@ -125,12 +125,12 @@ def test_the_reference_reads_patterns_as_ecma_262():
     Schema patterns are ECMA-262, where it does not (nor does the grammar)."""
     from agentspec_sdk.structure.exactness import ascii_classes, ecma_reference, validator_for
 
-    assert ascii_classes(r"^\d[\w.]\\d\.$") == r"^[0-9][A-Za-z0-9_.]\\d\.$"
+    assert ascii_classes(r"^\d[\w.]\\d\.$") == r"^[\x30-\x39][\x30-\x39\x41-\x5a\x5f\x61-\x7a.]\\d\.\Z"
     schema = {"type": "object", "properties": {"d": {"type": "string", "pattern": r"^\d+$"}},
               "patternProperties": {r"^x\d$": {"enum": [r"\d"]}}}
     reference = ecma_reference(schema)
-    assert reference["properties"]["d"]["pattern"] == "^[0-9]+$"
-    assert reference["patternProperties"] == {"^x[0-9]$": {"enum": [r"\d"]}}  # values are data, kept
+    assert reference["properties"]["d"]["pattern"] == r"^[\x30-\x39]+\Z"
+    assert reference["patternProperties"] == {r"^x[\x30-\x39]\Z": {"enum": [r"\d"]}}  # values are data, kept
     assert validator_for(schema).is_valid({"d": "\u0966"})  # Python's reading
     assert not validator_for(reference).is_valid({"d": "\u0966"})  # ECMA's reading
 
@@ -228,3 +228,22 @@ def test_walks_find_texts_a_wrong_grammar_allows(checker):
     result = Exactness()
     _soundness(judges_of(checker, loose), validator_for(schema), result, 5.0, 8, 4096, 0)
     assert result.soundness_failure is not None and json.loads(result.soundness_failure)["a"] > 3
+
+
+@pytest.mark.parametrize("pattern, ecma_yes, ecma_no", [
+    (r"^[\w\s-]+$", ["a b", "a\u3000b", "a\u2005b", "a\n"], ["a\x1cb", "a\x85b"]),  # ECMA white space
+    (r"^\S\W\D$", ["a-\u0966"], ["\u3000-x", "aa1"]),
+    (r"^a.b$", ["a\x1cb", "a\u0085b"], ["a\rb", "a\u2028b", "a\nb"]),  # `.`: no line terminator
+    (r"^ab$", ["ab"], ["ab\n"]),  # `$`: the end, not before a final newline
+])
+def test_the_reference_reads_classes_dot_and_end_as_ecma_262(pattern, ecma_yes, ecma_no):
+    """Python's `re` reads `\\s` with `\\x1c-\\x1f`, `.` with `\\r`, `$` before a final newline;
+    ECMA-262 (JSON Schema's patterns, and the grammar) does not. A Github_medium schema's
+    `^[\\w\\s-]+$` had hypothesis-jsonschema generate `\\x1c` as a "valid" instance."""
+    import re
+
+    from agentspec_sdk.structure.exactness import ascii_classes
+
+    ecma = ascii_classes(pattern)
+    assert [bool(re.search(ecma, t)) for t in ecma_yes] == [True] * len(ecma_yes)
+    assert [bool(re.search(ecma, t)) for t in ecma_no] == [False] * len(ecma_no)

@@ -105,15 +105,49 @@ def ecma_reference(schema):
     return schema
 
 
+# ECMA-262's character classes (the spec's tables, written here independently of the compiler's
+# regex_translate): \d, \w ASCII; \s WhiteSpace and LineTerminator; `.` all but LineTerminator
+_ECMA_SETS = {
+    "d": [(0x30, 0x39)],
+    "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+    "s": [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)],
+}
+_LINE_TERMINATORS = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]
+
+
+def _complement(ranges):
+    out, low = [], 0
+    for a, b in sorted(ranges):
+        if a > low:
+            out.append((low, a - 1))
+        low = max(low, b + 1)
+    if low <= 0x10FFFF:
+        out.append((low, 0x10FFFF))
+    return out
+
+
+def _class_body(ranges) -> str:
+    """Ranges as the inside of a Python `re` character class (`\\xHH`/`\\uHHHH`/`\\UHHHHHHHH`)."""
+    def esc(c: int) -> str:
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+    return "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}" for a, b in ranges)
+
+
 def ascii_classes(pattern: str) -> str:
-    """`\\d` -> `[0-9]`, `\\w` -> `[A-Za-z0-9_]` (inside a class: their ranges), elsewhere unchanged."""
+    """The pattern with ECMA-262's meaning for Python's `re`: `\\d \\w \\s` and their negations
+    as explicit sets (ASCII digits and word characters; ECMA's white space, which lacks Python's
+    `\\x1c-\\x1f` and `\\x85`), `.` without any line terminator (Python's `.` allows `\\r`,
+    `\\u2028`), `$` as `\\Z` (Python's `$` also matches before a final newline). Inside a class
+    only the escapes change."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
             nxt = pattern[i + 1]
-            if nxt in "dw":
-                body = "0-9" if nxt == "d" else "A-Za-z0-9_"
+            if nxt.lower() in _ECMA_SETS:
+                ranges = _ECMA_SETS[nxt.lower()]
+                body = _class_body(ranges if nxt.islower() else _complement(ranges))
                 out.append(body if in_class else f"[{body}]")
             else:
                 out.append(pattern[i : i + 2])
@@ -121,8 +155,18 @@ def ascii_classes(pattern: str) -> str:
             continue
         if c == "[" and not in_class:
             in_class = True
-        elif c == "]" and in_class:
+            out.append(c)
+            if pattern[i + 1 : i + 2] == "^":  # the negation, not a literal
+                out.append("^")
+                i += 1
+            i += 1
+            continue
+        if c == "]" and in_class:
             in_class = False
+        elif not in_class and c == ".":
+            c = f"[^{_class_body(_LINE_TERMINATORS)}]"
+        elif not in_class and c == "$":
+            c = r"\Z"
         out.append(c)
         i += 1
     return "".join(out)
