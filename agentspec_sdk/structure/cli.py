@@ -118,7 +118,8 @@ def coverage(
     for name, c in datasets.items():
         share = (c["exact"] or 0) / c["total"] if c["total"] else 0.0
         cells = "".join(f"{'-' if c[k] is None else c[k]:>{w}}" for k, w in zip(columns, widths, strict=True))
-        typer.echo(f"{name:<16}{cells}   ({share:.1%} exact, {c['seconds']} s)")
+        exact = "exactness not checked" if c["exact"] is None else f"{share:.1%} exact"
+        typer.echo(f"{name:<16}{cells}   ({exact}, {c['seconds']} s)")
     for name, c in datasets.items():
         for kind, example in c["examples"].items():
             typer.echo(f"{name}: {kind}: {example['schema']}: {example['text'][:160]}")
