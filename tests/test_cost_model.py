@@ -7,8 +7,8 @@ import pytest
 from agentspec_sdk import law
 from agentspec_sdk.errors import LawInputError
 
-TRUE = {"base": 0.040, "row": 0.006, "grammar": 0.0007, "verified": 0.0025, "verified_ctx": 0.0009,
-        "schema": 0.0004, "prefill": 0.00012, "prefill_ctx": 0.00004, "ctx": 0.0015}
+TRUE = {"base": 0.040, "no_spec": 0.012, "row": 0.006, "grammar": 0.0007, "verified": 0.0025,
+        "verified_ctx": 0.0009, "schema": 0.0004, "prefill": 0.00012, "prefill_ctx": 0.00004, "ctx": 0.0015}
 PROPOSER = {"base": 0.0008, "row": 0.00015, "drafted": 0.00003, "ctx": 0.00005}
 
 
@@ -21,7 +21,8 @@ def synthetic_passes(n=800, seed=0, noise=0.0008, prefill_share=0.2):
     for _ in range(n):
         rows = int(rng.integers(1, 9))
         ctx_rows = rng.integers(200, 3000, size=rows)
-        k_rows = rng.integers(0, 9, size=rows)
+        plain = rng.random() < 0.3  # a pass of an engine without speculation: no drafts, its own cost
+        k_rows = rng.integers(0, 9, size=rows) * (not plain)
         schema_rows = rng.random(rows) < 0.6
         prefill = int(rng.integers(50, 2500)) if rng.random() < prefill_share else 0
         cached = int(rng.integers(0, 3000)) if prefill else 0
@@ -30,10 +31,11 @@ def synthetic_passes(n=800, seed=0, noise=0.0008, prefill_share=0.2):
         p = {"rows": rows, "ctx": int(ctx_rows.sum()), "drafted": drafted,
              "drafted_ctx": int((k_rows * ctx_rows).sum()), "drafted_s": int(k_rows[schema_rows].sum()),
              "prefill": prefill, "prefill_ctx": prefill * (cached + prefill / 2) / 1000, "made": drafted,
-             "grammar": grammar}
-        prop = (PROPOSER["base"] + PROPOSER["row"] * rows + PROPOSER["drafted"] * drafted
-                + PROPOSER["ctx"] * p["ctx"] / 1000)
-        target = (TRUE["base"] + TRUE["row"] * rows + TRUE["grammar"] * grammar + TRUE["verified"] * drafted
+             "grammar": grammar, "no_spec": int(plain)}
+        prop = 0.0 if plain else (PROPOSER["base"] + PROPOSER["row"] * rows + PROPOSER["drafted"] * drafted
+                                  + PROPOSER["ctx"] * p["ctx"] / 1000)
+        target = (TRUE["base"] + TRUE["no_spec"] * plain + TRUE["row"] * rows + TRUE["grammar"] * grammar
+                  + TRUE["verified"] * drafted
                   + TRUE["verified_ctx"] * p["drafted_ctx"] / 1000 + TRUE["schema"] * p["drafted_s"]
                   + TRUE["prefill"] * prefill + TRUE["prefill_ctx"] * p["prefill_ctx"]
                   + TRUE["ctx"] * p["ctx"] / 1000)
@@ -54,7 +56,8 @@ def test_fit_recovers_every_term_including_other_rows_prefill():
     assert not fit.dropped
     # the prediction of a pass is the sum of its terms
     p = synthetic_passes(n=1, seed=9, noise=0.0)[0]
-    keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar")
+    keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar",
+            "no_spec")
     assert fit.seconds(**{k: p[k] for k in keys}) == pytest.approx(p["s"], rel=0.01)
 
 
@@ -91,9 +94,9 @@ def test_fit_refuses_thin_or_degenerate_logs():
     with pytest.raises(LawInputError, match="at least 30 passes"):
         law.fit_pass_costs(synthetic_passes(n=10))
     same = [dict(p, rows=4, ctx=4000, drafted=0, drafted_ctx=0, drafted_s=0, prefill=0, prefill_ctx=0,
-                 grammar=4) for p in synthetic_passes()]
+                 grammar=4, no_spec=0) for p in synthetic_passes()]
     fit = law.fit_pass_costs(same)  # nothing varies: only the per-pass cost is fitted
-    assert set(fit.dropped) == {"row", "grammar", "verified", "verified_ctx", "schema", "prefill",
+    assert set(fit.dropped) == {"no_spec", "row", "grammar", "verified", "verified_ctx", "schema", "prefill",
                                 "prefill_ctx", "ctx"}
     assert fit.coef["base"] == pytest.approx(np.mean([p["s"] - p["proposer_s"] for p in same]))
 
@@ -167,7 +170,8 @@ def test_each_drafter_gets_its_own_proposer_terms_and_the_target_terms_are_share
         assert abs(fit.coef[term] - value) < max(4 * fit.se[term], 0.03 * value), term
     # the second drafter's pass, predicted with its own terms
     p = b[0]
-    keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar")
+    keys = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar",
+            "no_spec")
     assert (fit.seconds(**{k: p[k] for k in keys}, proposer=law.fit_proposer(b))
             == pytest.approx(p["s"], abs=0.004))
     assert law.fit_proposer(a[:5]) == {}

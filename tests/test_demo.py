@@ -64,6 +64,7 @@ def test_demo_interleaves_the_modes_and_keeps_the_pass_logs(demo_report):
     # what each pass computed comes from vLLM's scheduler, for every mode (stock drafters too)
     for (key, mode), ps in passes.items():
         assert all("prefill_tokens" in p and "spec_drafted" in p for p in ps), (key, mode)
+        assert {p["no_spec"] for p in ps} == {int(mode == "off")}, (key, mode)
         run = next(r for r in rep["runs"] if r["arm"] == key[0] and r["mode"] == mode)
         # the drafts vLLM verified in the run's passes are the run's drafts, less the few a grammar
         # trimmed before verification (a draft whose first token completes the grammar has no step)

@@ -83,7 +83,7 @@ def test_the_engines_pass_log_counts_what_vllm_computed(engine_structure):
         tools=tools, tool_choice="call", max_tokens=40, request_id="probe")])
     assert res.ok, res.error
     passes = engine_structure.pass_log(began, time.time())
-    assert passes and all("spec_drafted" in p for p in passes)
+    assert passes and all("spec_drafted" in p and p["no_spec"] == 0 for p in passes)
     # no chunking at this prompt length: the scheduler's prefill equals the output-based count
     assert sum(p["prefill_tokens"] for p in passes) == sum(p["prefill"] for p in passes) > 0
     # the drafts the passes verified are the drafts vLLM counted for the request

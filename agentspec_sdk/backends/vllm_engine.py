@@ -453,9 +453,10 @@ class Engine(EngineBase):
         whose first token came in this pass), "new" (those requests: their decode starts after it),
         "grammar" (rows decoding under a grammar: a token bitmask per row and pass)}`, and where vLLM's
         scheduler is in this process what the pass computed (`scheduler_probe.FIELDS`: prefill chunk
-        tokens and their context, decoding rows, the draft tokens they verify)."""
+        tokens and their context, decoding rows, the draft tokens they verify); `no_spec`: 1 for an
+        engine without speculative decoding (vLLM's plain sampling path, a pass cost term of its own)."""
         return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p, "new": n, "grammar": g,
-                 **(sched or {})}
+                 "no_spec": int(self.speculation == "off"), **(sched or {})}
                 for t, s, r, k, c, p, n, g, sched in list(self._passes) if start <= t <= end]
 
     def proposer(self):

@@ -191,9 +191,12 @@ class OnlineStepCost:
 
 # ---------------------------------------------------------------- pass cost model
 
-PASS_TERMS = ("base", "row", "grammar", "verified", "verified_ctx", "schema", "prefill", "prefill_ctx", "ctx")
+PASS_TERMS = ("base", "no_spec", "row", "grammar", "verified", "verified_ctx", "schema", "prefill",
+              "prefill_ctx", "ctx")
 PASS_TERM_TEXT = {
-    "base": "per pass", "row": "per row", "grammar": "per row under a grammar (its token mask each pass)",
+    "base": "per pass",
+    "no_spec": "per pass of an engine without speculative decoding (vLLM's plain sampling path)",
+    "row": "per row", "grammar": "per row under a grammar (its token mask each pass)",
     "verified": "per verified draft token",
     "verified_ctx": "per verified draft token per 1k tokens of its row's context",
     "schema": "per verified draft token of a schema (S) row: grammar-mask work",
@@ -209,7 +212,7 @@ class PassCosts:
     """What one target pass costs, term by term (seconds per unit), fitted by least squares over a
     run's passes:
 
-        seconds - proposer_s = base + row rows + grammar grammar_rows + verified drafted
+        seconds - proposer_s = base + no_spec no_spec + row rows + grammar grammar_rows + verified drafted
                                + verified_ctx drafted_ctx / 1000
                                + schema drafted_s + prefill prefill + prefill_ctx prefill_ctx
                                + ctx ctx / 1000
@@ -230,11 +233,12 @@ class PassCosts:
     passes: int
 
     def seconds(self, rows=1.0, drafted=0.0, drafted_ctx=0.0, drafted_s=0.0, prefill=0.0, ctx=0.0,
-                grammar=0.0, prefill_ctx=0.0, proposer: bool | Mapping = True) -> float:
+                grammar=0.0, prefill_ctx=0.0, no_spec=0.0, proposer: bool | Mapping = True) -> float:
         """Predicted seconds of a pass of this composition, with the proposer's time (`proposer`: True =
         the fitted one, a mapping = another drafter's terms from `fit_proposer`, False = none)."""
         c = self.coef
-        t = (c["base"] + c["row"] * rows + c.get("grammar", 0.0) * grammar + c["verified"] * drafted
+        t = (c["base"] + c.get("no_spec", 0.0) * no_spec + c["row"] * rows
+             + c.get("grammar", 0.0) * grammar + c["verified"] * drafted
              + c["verified_ctx"] * drafted_ctx / 1000.0
              + c["schema"] * drafted_s + c["prefill"] * prefill + c.get("prefill_ctx", 0.0) * prefill_ctx
              + c["ctx"] * ctx / 1000.0)
@@ -322,7 +326,8 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
     """Fit `PassCosts` from passes: mappings with `s` (seconds of the pass) and `rows`, optionally
     `drafted` (draft tokens verified in the pass), `drafted_ctx` (sum over rows of drafted x the row's
     context), `drafted_s` (drafted tokens of schema rows), `prefill` (uncached prompt tokens computed),
-    `prefill_ctx` (Σ over them of their position / 1000),
+    `prefill_ctx` (Σ over them of their position / 1000), `no_spec` (1 for a pass of an engine without
+    speculative decoding),
     `ctx` (sum of the rows' context lengths), `grammar` (rows under a grammar) and `proposer_s` (the drafter's
     own seconds in the pass).
     `made` (drafts the proposer made in the pass, verified in the next; default `drafted`) is what the
@@ -337,7 +342,8 @@ def fit_pass_costs(passes: Sequence[Mapping], min_passes: int = 30,
 
     prop = col("proposer_s")
     y = col("s") - prop
-    cols = {"base": np.ones(len(rows)), "row": col("rows"), "grammar": col("grammar"),
+    cols = {"base": np.ones(len(rows)), "no_spec": col("no_spec"), "row": col("rows"),
+            "grammar": col("grammar"),
             "verified": col("drafted"),
             "verified_ctx": col("drafted_ctx", 1000.0), "schema": col("drafted_s"), "prefill": col("prefill"),
             "prefill_ctx": col("prefill_ctx"), "ctx": col("ctx", 1000.0)}

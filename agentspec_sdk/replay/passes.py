@@ -13,7 +13,8 @@ import numpy as np
 from agentspec_sdk.replay.trace import atomic_write_text
 
 PASS_LOGS = "passes.jsonl"  # beside report.json: the passes and steps the cost model was fitted on
-COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar")
+COST_KEYS = ("rows", "drafted", "drafted_ctx", "drafted_s", "prefill", "prefill_ctx", "ctx", "grammar",
+             "no_spec")
 
 
 def pass_table(passes: Iterable[Mapping], steps: Iterable[Mapping] = ()) -> list[dict]:
