@@ -389,6 +389,23 @@ def test_run_plan_with_fake_engine(tmp_path, fake_requests):
     assert rep["lossless"]["compared"] == 4 and rep["lossless"]["mismatched"] == 0
 
 
+def test_every_batch_size_gets_fresh_engines(tmp_path, fake_requests):
+    # a second batch size on the engine that has just answered the same prompts would measure its
+    # memory (prefix cache, drafters copying their own outputs), not the drafter
+    built = []
+
+    def factory(p, cfg):
+        built.append(FakeEngine(cfg.mode))
+        return built[-1]
+
+    two = plan()
+    two.batches = [1, 2]
+    rep = run_plan(two, tmp_path, tokenizer=Tok(), engine_factory=factory, plots=False)
+    assert len(built) == 4 and all(e.closed for e in built)
+    assert [(r["mode"], r["batch"]) for r in rep["runs"]] == [("off", 1), ("off", 2), ("structure", 1),
+                                                             ("structure", 2)]
+
+
 def test_interrupted_run_leaves_valid_partial_report(tmp_path, fake_requests):
     engines = []
 

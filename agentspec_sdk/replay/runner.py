@@ -130,13 +130,14 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
 
 
 def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,
-                   emit: Callable[[tuple], None], t0: float) -> None:
-    """Replay every arm at every batch size on one engine (built since `t0`, a perf_counter time);
-    `emit` receives ("started", seconds to a warm engine), then `measure_run`'s events per run."""
+                   emit: Callable[[tuple], None], t0: float, batches: list[int] | None = None) -> None:
+    """Replay every arm at each batch size of `batches` (default: the plan's) on one engine (built
+    since `t0`, a perf_counter time); `emit` receives ("started", seconds to a warm engine), then
+    `measure_run`'s events per run."""
     prepare_engine(plan, engine)
     emit(("started", time.perf_counter() - t0))
     for arm in plan.arms:
-        for b in plan.batches:
+        for b in plan.batches if batches is None else batches:
             measure_run(plan, cfg, engine, tokenizer, arm, b, emit)
 
 
@@ -317,13 +318,15 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
                     if on_status:
                         on_status(f"starting engines (b={b}): {', '.join(_label(c) for c in group)}")
                     _measure_interleaved(plan, group, handler, lambda: report(partial=True), [b])
-        for cfg in plan.configs if engine_factory is not None else []:
+        # in-process engines (tests, a custom backend): one after another, fresh per batch size too
+        in_process = [(b, c) for b in plan.batches for c in plan.configs] if engine_factory else []
+        for b, cfg in in_process:
             if on_status:
-                on_status(f"starting engine: {_label(cfg)}")
+                on_status(f"starting engine: {_label(cfg)} (b={b})")
             t0 = time.perf_counter()
             engine = engine_factory(plan, cfg)
             try:
-                measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0)
+                measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0, [b])
             finally:
                 engine.close()
             report(partial=True)
