@@ -424,6 +424,30 @@ def test_interrupted_run_leaves_valid_partial_report(tmp_path, fake_requests):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_ctrl_c_during_a_report_write_is_held_until_the_write_ends(tmp_path, fake_requests, monkeypatch):
+    import os
+    import signal
+
+    from agentspec_sdk.replay import runner
+
+    writes = []
+
+    def write_then_interrupted(rep, out, plots=True):  # Ctrl-C lands inside the first write
+        if not writes:
+            os.kill(os.getpid(), signal.SIGINT)
+        write_report(rep, out, plots=plots)
+        writes.append(rep["partial"])
+
+    monkeypatch.setattr(runner, "write_report", write_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_plan(plan(), tmp_path, tokenizer=Tok(), engine_factory=lambda p, cfg: FakeEngine(cfg.mode),
+                 plots=False)
+    assert writes == [True, True]  # the interrupted write finished, then the partial report after it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert json.loads((tmp_path / "report.json").read_text())["partial"] is True
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_report_keeps_its_names_and_one_class_tuple():
     from agentspec_sdk.replay import aggregate, passes, predict, render, report
 

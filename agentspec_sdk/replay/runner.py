@@ -7,8 +7,11 @@ run (Ctrl-C) still leaves a valid report, marked partial."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,8 +151,6 @@ def _label(cfg: ModeConfig) -> str:
 def _child(plan: Plan, cfg: ModeConfig, events, commands) -> None:
     """Body of one measuring process: its engine, then the runs the parent asks for (("run", arm
     index, batch) on `commands`, each answered by its events and ("ran",)) until ("stop",)."""
-    import signal
-
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.replay.arms import ensure_prose_format
 
@@ -255,6 +256,27 @@ def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callabl
             w.kill()
 
 
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block until the block ends, then raise it.
+
+    A report write cut short would leave temporary files, and a KeyboardInterrupt inside the first
+    (lazy) import of matplotlib leaves a half-initialised module that breaks the partial report
+    written next (measured: exit 1 instead of 130). Outside the main thread signals cannot be
+    handled, so the block runs as is there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
              on_turn: Callable[[TurnLog], None] | None = None,
              on_status: Callable[[str], None] | None = None, plots: bool = True,
@@ -286,8 +308,9 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
                                  arm_order.get(r["arm"], len(arm_order)), r["batch"]))
         rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
                            entropies=entropies or None, passes=passes)
-        write_report(rep, out_dir, plots=plots)
-        write_logs(Path(out_dir) / PASS_LOGS, steps, passes)
+        with _ctrl_c_held():
+            write_report(rep, out_dir, plots=plots)
+            write_logs(Path(out_dir) / PASS_LOGS, steps, passes)
         return rep
 
     def handler(cfg: ModeConfig) -> Callable[[tuple], None]:
