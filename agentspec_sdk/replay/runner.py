@@ -258,23 +258,26 @@ def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callabl
 
 @contextmanager
 def _ctrl_c_held() -> Iterator[None]:
-    """Hold a Ctrl-C that arrives inside the block until the block ends, then raise it.
+    """Hold a Ctrl-C that arrives inside the block until the block ends, then hand it to the
+    handler that was in place (Python's default raises KeyboardInterrupt).
 
     A report write cut short would leave temporary files, and a KeyboardInterrupt inside the first
     (lazy) import of matplotlib leaves a half-initialised module that breaks the partial report
-    written next (measured: exit 1 instead of 130). Outside the main thread signals cannot be
-    handled, so the block runs as is there."""
-    if threading.current_thread() is not threading.main_thread():
+    written next (measured: exit 1 instead of 130). Where SIGINT is ignored (a background job) or
+    not handled in Python, or outside the main thread (signals cannot be handled there), the block
+    runs as is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield
         return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    caught: list[tuple[int, Any]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        signal.signal(signal.SIGINT, previous)
     if caught:
-        raise KeyboardInterrupt
+        previous(*caught[0])
 
 
 def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
