@@ -186,3 +186,16 @@ def test_a_cost_the_data_pulls_below_zero_is_set_to_zero_and_the_rest_refitted()
     assert float(fit.dropped["schema"].split()[1]) == pytest.approx(-0.0001, rel=0.1)
     assert all(v >= 0 for v in fit.coef.values())
     assert fit.coef["verified"] > 0 and fit.coef["prefill"] == pytest.approx(TRUE["prefill"], rel=0.05)
+
+
+def test_without_an_off_pass_log_the_off_pass_is_predicted_on_the_plain_path():
+    from agentspec_sdk.replay.predict import speedup_check
+
+    model = law.fit_pass_costs(synthetic_passes())
+    comp = {"rows": 1.0, "ctx": 1500.0, "prefill": 0.0, "grammar": 1.0, "drafted": 4.0,
+            "drafted_ctx": 6000.0, "drafted_s": 2.0}
+    run = {"output_tokens": 100, "accepted": 50, "rounds": 20, "drafted": 80, "w": {"S": 0.5}}
+    check = speedup_check(run, {"tau": 2.5}, model, comp, comp_off=None)
+    plain = model.seconds(rows=1.0, ctx=1500.0, grammar=1.0, no_spec=1.0, proposer=False)
+    assert model.coef["no_spec"] > 0.005
+    assert check["t_off_s"] == pytest.approx(plain)

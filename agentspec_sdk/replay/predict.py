@@ -173,14 +173,14 @@ def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mappi
     """Predicted against measured decode speedup of one speculative run, as the product of three
     factors: tokens per row-pass (1 + f tau, f = the share of row-passes that drafted, tau from the
     law), the off pass over the speculative pass (the fitted pass costs at each run's measured
-    composition; without an off pass log, the speculative run's composition without drafts), and
-    the time outside passes (1 predicted). Each factor's `error` = predicted / measured contribution.
+    composition; without an off pass log, the speculative run's composition without drafts on
+    vLLM's plain path, `no_spec`), and the time outside passes (1 predicted). Each factor's `error` = predicted / measured contribution.
     `proposer`: this run's drafter's own terms (`law.fit_proposer`; None = none measured)."""
     row_passes = max(run["output_tokens"] - run["accepted"], 1)
     f = min(run["rounds"] / row_passes, 1.0)
     spec = run_composition(comp, run, measured_drafts)
     off = {k: float(v) for k, v in (comp_off or {}).items() if k in COST_KEYS} if comp_off else {**spec}
-    off.update(drafted=0.0, drafted_ctx=0.0, drafted_s=0.0)
+    off.update(drafted=0.0, drafted_ctx=0.0, drafted_s=0.0, no_spec=1.0)  # off runs vLLM's plain path
     t_spec = model.seconds(**spec, proposer=proposer or False)
     t_off = model.seconds(**off, proposer=False)
     tau = pred.get("tau_rounds", pred["tau"])  # per class at its own drafted length, as the rounds fell
