@@ -174,8 +174,9 @@ def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mappi
     factors: tokens per row-pass (1 + f tau, f = the share of row-passes that drafted, tau from the
     law), the off pass over the speculative pass (the fitted pass costs at each run's measured
     composition; without an off pass log, the speculative run's composition without drafts on
-    vLLM's plain path, `no_spec`), and the time outside passes (1 predicted). Each factor's `error` =
-    predicted / measured contribution. `proposer`: this run's drafter's own terms (`law.fit_proposer`; None = none measured)."""
+    vLLM's plain path, `no_spec`), and the time outside passes (1 predicted). Each factor's
+    `error` = predicted / measured contribution. `proposer`: this run's drafter's own terms
+    (`law.fit_proposer`; None = none measured)."""
     row_passes = max(run["output_tokens"] - run["accepted"], 1)
     f = min(run["rounds"] / row_passes, 1.0)
     spec = run_composition(comp, run, measured_drafts)
