@@ -567,6 +567,199 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
     assert int(delta.get(("steps",), 0)) > 0 and delta.get(("proposer_s",), 0) > 0
 
 
+# -- plain OpenAI clients (the `agentspec` tool parser) on the same server ------------------------
+
+ASK_BOTH = [{"role": "system", "content": "You are a helpful assistant. Call the tools you need."},
+            {"role": "user", "content": "What is the weather in Paris? And what time is it in JST?"}]
+
+
+def _openai(proc):
+    import openai
+
+    client = openai.OpenAI(base_url=proc.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
+    return client, client.models.list().data[0].id
+
+
+def _streamed(stream) -> tuple[str, list[dict], str | None]:
+    """Content, tool calls (index -> id, name, arguments) and finish reason of an OpenAI stream."""
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = call["id"] or tc.id
+            call["name"] += (tc.function.name or "") if tc.function else ""
+            call["arguments"] += (tc.function.arguments or "") if tc.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def _check_calls(calls: list[dict]) -> None:
+    """Every call names a tool of the request, its arguments (a JSON string) are valid against that
+    tool's schema, and ids are unique."""
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TWO_TOOLS}
+    for call in calls:
+        assert call["name"] in schemas, call
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+    assert len({c["id"] for c in calls}) == len(calls) and all(c["id"] for c in calls)
+
+
+@pytest.mark.server
+def test_openai_client_gets_tool_calls_for_every_tool_choice(served):
+    """The OpenAI client, two tools, each tool_choice, streaming and not: calls valid against their
+    schemas, several calls in one message, text-only turns for `none`; both ways give the same."""
+    proc, _ = served
+    client, model = _openai(proc)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    seen = {}
+    for key, choice in (("required", "required"), ("named", named), ("none", "none"), ("auto", "auto"),
+                        ("single", "required")):
+        kw = dict(model=model, messages=ASK_BOTH, tools=TWO_TOOLS, tool_choice=choice, max_tokens=64,
+                  temperature=0)
+        if key == "single":
+            kw["parallel_tool_calls"] = False
+        resp = client.chat.completions.create(**kw)
+        msg = resp.choices[0].message
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                 for c in msg.tool_calls or []]
+        content, streamed, finish = _streamed(client.chat.completions.create(**kw, stream=True))
+        print(f"{key}: {resp.choices[0].finish_reason} content={msg.content!r} calls={calls}; "
+              f"stream {finish} content={content!r} calls={streamed}")
+        _check_calls(calls)
+        _check_calls(streamed)
+        strip = [(c["name"], c["arguments"]) for c in calls]
+        assert strip == [(c["name"], c["arguments"]) for c in streamed], key
+        assert (msg.content or "") == content, key
+        seen[key] = strip
+        spec = resp.model_extra["metrics"]["speculative_decoding"]
+        assert spec["num_draft_tokens"] > 0, key
+    assert len(seen["required"]) >= 2 and {n for n, _ in seen["required"]} == {"get_weather", "get_time"}
+    assert seen["named"] and {n for n, _ in seen["named"]} == {"get_time"}
+    assert seen["none"] == []
+    assert len(seen["single"]) == 1  # parallel_tool_calls=false: the grammar ends after one call
+
+
+@pytest.mark.server
+def test_plain_client_acceptance_per_class_equals_vllms_counter(served):
+    """Plain OpenAI requests: the proposer learns their tools through the plan (the tool parser adds
+    them), drafts the calls (S class) and its per-class counters on /metrics sum to vLLM's own."""
+    from agentspec_sdk.backends.prom_metrics import subtract
+
+    proc, work = served
+    client, model = _openai(proc)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    client.chat.completions.create(model=model, messages=ASK_BOTH, tools=TWO_TOOLS, tool_choice=named,
+                                   max_tokens=8)  # the tools reach the plan before the measured turns
+    assert "get_time" in [t["function"]["name"] for t in DraftPlan.load(work / "plan.json").tools]
+    time.sleep(1.5)  # the proposer re-reads the plan (at most every 0.5 s) at its next step
+    client.chat.completions.create(model=model, messages=_question("Oslo"), max_tokens=4)  # ... here
+    before = _scrape(proc.base_url)
+    responses = []
+    for city, choice in (("Bergen", "required"), ("Quito", named), ("Hanoi", "auto"), ("Accra", "required")):
+        responses.append(client.chat.completions.create(
+            model=model, messages=_question(city), tools=TWO_TOOLS, tool_choice=choice, max_tokens=48,
+            temperature=0, parallel_tool_calls=False))
+    after = _scrape(proc.base_url)
+    spec = [r.model_extra["metrics"]["speculative_decoding"] for r in responses]
+    delta = subtract(after["ours"], before["ours"])
+    accepted = _class_totals(delta, "accepted")
+    vllm_accepted = after["vllm"]["num_accepted_tokens"] - before["vllm"]["num_accepted_tokens"]
+    print(f"plain client: metrics accepted per class {accepted}, drafted {_class_totals(delta, 'draft')}; "
+          f"responses accepted {sum(s['num_accepted_draft_tokens'] for s in spec)} of "
+          f"{sum(s['num_draft_tokens'] for s in spec)}; vLLM counter {vllm_accepted:.0f}")
+    assert sum(accepted.values()) == vllm_accepted == sum(s["num_accepted_draft_tokens"] for s in spec)
+    assert accepted.get("S", 0) > 0
+    assert all(r.choices[0].message.tool_calls for r in responses if r is not responses[2])
+
+
+@pytest.mark.server
+def test_langgraph_agent_on_chat_openai_uses_the_structure(served):
+    """A LangGraph agent from `create_agent(ChatOpenAI(base_url=…), tools=[…])` — no AgentSpec import on
+    the client — runs a two-step task (a tool call, then the answer); the server drafted its call."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import wrap_model_call
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from agentspec_sdk.backends.prom_metrics import subtract
+
+    proc, _ = served
+    ran = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return json.dumps({"city": city, "temp_c": 11, "sky": "cloudy"})
+
+    @tool
+    def get_time(tz: str) -> str:
+        """Current time in a time zone (UTC, CET or JST)."""
+        return json.dumps({"tz": tz, "time": "09:30"})
+
+    @wrap_model_call
+    def call_then_answer(request, handler):  # the agent's policy: a tool first, then the answer
+        answered = any(m.type == "tool" for m in request.messages)
+        return handler(request.override(tool_choice="none" if answered else "required"))
+
+    model = _openai(proc)[1]
+    llm = ChatOpenAI(base_url=proc.base_url + "/v1", api_key="EMPTY", model=model, temperature=0,
+                     max_tokens=64)
+    agent = create_agent(llm, tools=[get_weather, get_time], middleware=[call_then_answer],
+                         system_prompt="You are a weather assistant. Call a tool, then answer in one "
+                                       "sentence.")
+    before = _scrape(proc.base_url)
+    out = agent.invoke({"messages": [{"role": "user", "content": "What is the weather in Paris?"}]},
+                       {"recursion_limit": 8})
+    after = _scrape(proc.base_url)
+    kinds = [m.type for m in out["messages"]]
+    print("agent:", [(m.type, m.content[:80], getattr(m, "tool_calls", None)) for m in out["messages"]])
+    assert kinds == ["human", "ai", "tool", "ai"], kinds
+    assert ran == ["Paris"] and out["messages"][1].tool_calls[0]["name"] == "get_weather"
+    assert out["messages"][-1].content and not out["messages"][-1].tool_calls
+    accepted = _class_totals(subtract(after["ours"], before["ours"]), "accepted")
+    print(f"agent: accepted per class {accepted}")
+    assert accepted.get("S", 0) > 0
+
+
+@pytest.mark.server
+def test_bad_requests_get_a_400_naming_the_problem(served):
+    """A schema the compiler refuses, an unknown tool_choice name, a prompt over the context: 400 with
+    the reason; the server answers the next request."""
+    import openai
+
+    proc, _ = served
+    client, model = _openai(proc)
+    odd = TOOLS + [{"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}}]
+    cases = {
+        "schema": (dict(tools=odd), ["tool 'odd'", "/properties/x/pattern"]),
+        "choice": (dict(tools=TWO_TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+                   ["tool_choice"]),
+        "context": (dict(messages=[{"role": "user", "content": "weather " * 3000}], tools=TWO_TOOLS),
+                    ["context", "2048"]),
+    }
+    for key, (kw, words) in cases.items():
+        kw = {"model": model, "messages": _question("Oslo"), "max_tokens": 16, **kw}
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as exc:
+                resp = client.chat.completions.create(**kw, stream=stream)
+                if stream:
+                    list(resp)
+            assert exc.value.status_code == 400
+            text = str(exc.value)
+            print(f"{key} (stream={stream}): {text[:300]}")
+            assert all(w.lower() in text.lower() for w in words), (key, text)
+        ok = client.chat.completions.create(model=model, messages=_question("Oslo"), tools=TWO_TOOLS,
+                                            tool_choice="required", max_tokens=32)
+        assert ok.choices[0].message.tool_calls, key  # the server goes on serving
+
+
 def _group_rss_kb(pgid: int) -> int:
     """Resident memory of every process of the server's group (API server, engine core, helpers)."""
     import os

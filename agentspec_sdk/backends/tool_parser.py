@@ -51,7 +51,7 @@ from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 from agentspec_sdk.errors import AgentSpecError, SchemaNotSupported, TurnParseError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.tools import ToolRegistry
-from agentspec_sdk.structure.turn_grammar import parse_turn, turn_grammar
+from agentspec_sdk.structure.turn_grammar import parse_turn, tool_call_grammar, turn_grammar
 
 log = logging.getLogger("agentspec.backends")
 
@@ -76,15 +76,19 @@ def server_format() -> AgentFormat:
     return fmt
 
 
-def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any) -> str:
-    """The turn grammar for an OpenAI request's `tools` (dicts) and `tool_choice`."""
+def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any, parallel: bool = True) -> str:
+    """The turn grammar for an OpenAI request's `tools` (dicts) and `tool_choice`; `parallel=False`
+    (`parallel_tool_calls: false`) with a required or named choice: exactly one call."""
     registry = registry_of(tools)
     if isinstance(tool_choice, dict) or _named(tool_choice):
         name = _choice_name(tool_choice)
         if name not in registry:
             raise VLLMValidationError(f"tool_choice names function {name!r}, which is not in `tools` "
                                       f"(tools: {registry.names()})", parameter="tool_choice")
-        return turn_grammar(fmt, ToolRegistry([registry.get(name)]), tool_choice="call")
+        registry = ToolRegistry([registry.get(name)])
+        return turn_grammar(fmt, registry, tool_choice="call") if parallel else one_call(fmt, registry)
+    if tool_choice == "required" and not parallel:
+        return one_call(fmt, registry)
     choice = tool_choice or "auto"
     if choice not in ("auto", "required", "none"):
         raise VLLMValidationError(f"tool_choice must be 'auto', 'required', 'none' or a named function, "
@@ -92,6 +96,20 @@ def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any) -> str:
     # required: the turn is calls from its first token ("call"; react turns keep their Thought), so that
     # a model that would rather chat cannot run to max_tokens before its call
     return turn_grammar(fmt, registry, tool_choice="call" if choice == "required" else choice)
+
+
+def one_call(fmt: AgentFormat, registry: ToolRegistry) -> str:
+    """Exactly one call block (tool_calls layout; a react turn is one call already but keeps its
+    Thought, so it gets its required turn grammar)."""
+    if fmt.layout != "tool_calls":
+        return turn_grammar(fmt, registry, tool_choice="call")
+    kind = fmt.kind("tool_call")
+    body = tool_call_grammar(registry)
+    head, sep, rest = body.partition("start:")
+    if sep == "" or "start:" in rest:
+        return turn_grammar(fmt, registry, tool_choice="call")  # not the shape we know: several allowed
+    opener, closer = json.dumps(kind.open[0]), json.dumps(kind.close[0])
+    return f'start: {opener} "\\n"? agentspec_one_call "\\n"? {closer}\n{head}agentspec_one_call:{rest}'
 
 
 def registry_of(tools: list[dict]) -> ToolRegistry:
@@ -128,7 +146,7 @@ class AgentSpecToolParser(ToolParser):
         if isinstance(choice, ChatCompletionNamedToolChoiceParam):
             choice = {"type": "function", "function": {"name": choice.function.name}}
         try:
-            grammar = grammar_for(self.fmt, tools, choice)
+            grammar = grammar_for(self.fmt, tools, choice, parallel=request.parallel_tool_calls is not False)
         except SchemaNotSupported as exc:  # "tool 'x' parameters: ... (at /pointer)"
             name = str(exc).split("'", 2)[1] if str(exc).startswith("tool '") else None
             index = next((i for i, t in enumerate(tools) if t.get("function", {}).get("name") == name), None)
@@ -167,7 +185,7 @@ class AgentSpecToolParser(ToolParser):
         content = self._content(current_text, final=False)
         fresh = content[self._sent_content:]
         self._sent_content = max(self._sent_content, len(content))
-        calls = self._calls(current_text, partial=True)
+        calls = self._calls(current_text)
         deltas = []
         for n, (name, args) in enumerate(calls[self._sent_calls:], start=self._sent_calls):
             deltas.append(DeltaToolCall(index=n, id=make_tool_call_id(), type="function",
@@ -199,13 +217,11 @@ class AgentSpecToolParser(ToolParser):
         return text[: len(text) - hold].rstrip()
 
     def _calls(self, text: str, partial: bool = False) -> list[tuple[str, str]]:
-        """(name, arguments JSON) of the complete calls in `text`."""
+        """(name, arguments JSON) of the complete calls in `text` (a call cut by max_tokens, or still
+        being streamed, is not one)."""
         try:
             parsed = parse_turn(self.fmt, text)
         except TurnParseError:
-            if not partial:
-                log.info("agentspec tool parser: output is no complete turn of %s", self.fmt.name)
-                return []
             parsed = self._complete_prefix(text)
             if parsed is None:
                 return []
