@@ -182,6 +182,16 @@ def test_tool_parser_puts_each_tool_choice_in_the_grammar(tmp_path, monkeypatch)
         assert req.structured_outputs.grammar == grammar, key
         assert req.stop == ["END", "<tool_response>"]
     assert len(set(expected.values())) == 4
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+
+    tok = load_tokenizer()
+    one = _chat_request(tool_choice="required", parallel_tool_calls=False)
+    one = _tool_parser(one).adjust_request(one).structured_outputs.grammar  # exactly one call
+    call = '<tool_call>{"name":"get_time","arguments":{"tz":"CET"}}</tool_call>'
+    assert _grammar_accepts(tok, one, tok.encode(call) + [tok.eos_token_id], True)
+    two = tok.encode(call + "\n" + call) + [tok.eos_token_id]
+    assert not _grammar_accepts(tok, one, two, True)
+    assert _grammar_accepts(tok, expected["required"], two, True)
     assert [t["function"]["name"] for t in DraftPlan.load(plan).tools] == ["get_weather", "get_time"]
     own = _chat_request(tools=None)
     own.structured_outputs = None
