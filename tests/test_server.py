@@ -1,8 +1,10 @@
 """`agentspec serve` and the real vLLM server.
 
-The first tests only build commands and plans (fast). The `server` tests start vLLM's OpenAI server on
-127.0.0.1 once (default model, structure proposer) and restart it once for the fault test. Run them
-under the engine lock:
+The first tests only build commands and plans, and drive the `agentspec` tool parser and its chat
+template directly (fast). The `server` tests start vLLM's OpenAI server on 127.0.0.1 once (default
+model, structure proposer, tool parser and chat template), serve our own client (`RemoteEngine`) and
+plain OpenAI clients (the OpenAI client, LangChain's `ChatOpenAI` in a LangGraph agent) from it, and
+restart it once for the fault test. Run them under the engine lock:
 
     flock /tmp/agentspec-engine.lock pytest -m server tests/test_server.py
 """
