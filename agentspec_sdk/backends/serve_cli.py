@@ -49,6 +49,34 @@ def load_formats(spec: str) -> list:
     return [get_format(name.strip()) for name in spec.split(",") if name.strip()]
 
 
+def tool_format_of(name: str, formats: str | None = None) -> dict:
+    """`--tool-format`: one of `--formats` (which may come from a JSON file) or a built-in, as a dict;
+    its layout must carry tool calls (tool_calls or react)."""
+    from agentspec_sdk.structure.formats import get_format
+
+    known = {f.name: f for f in load_formats(formats)} if formats else {}
+    fmt = known.get(name) or get_format(name)
+    if fmt.layout not in ("tool_calls", "react"):
+        raise AgentSpecError(f"--tool-format {name!r}: layout {fmt.layout!r} has no OpenAI tool calls "
+                             "(use a tool_calls or react format, or --no-tool-parser)")
+    return fmt.to_dict()
+
+
+def write_tool_chat_template(model: str, fmt: dict, path: Path) -> Path | None:
+    """The chat template for plain clients (`tool_parser.chat_template` over the model's own)."""
+    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.structure.formats import AgentFormat
+
+    path = write_chat_template(model, AgentFormat.from_dict(fmt), path)
+    return path.resolve() if path else None
+
+
+def _builtin(fmt: dict) -> bool:
+    from agentspec_sdk.structure.formats import format_names, get_format
+
+    return fmt["name"] in format_names() and get_format(fmt["name"]).to_dict() == fmt
+
+
 def serve(
     model: Annotated[str | None,
                      typer.Option("--model", help="HF folder or id (default: bundled SmolLM2-135M)")] = None,
@@ -80,6 +108,14 @@ def serve(
                       typer.Option("--status", help="print a running server's acceptance from its "
                                                "/metrics (URL) and exit")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    tool_parser: Annotated[bool,
+                           typer.Option("--tool-parser/--no-tool-parser",
+                                        help="plain OpenAI tool calling (`tools=[...]` -> `tool_calls`) "
+                                             "through the `agentspec` tool parser")] = True,
+    tool_format: Annotated[str,
+                           typer.Option("--tool-format",
+                                        help="the format of plain clients' turns (a built-in name or "
+                                             "one of --formats)")] = "tool_calls",
     dry_run: Annotated[bool,
                        typer.Option("--dry-run",
                                     help="write the plan, print the command, do not run it")] = False,
@@ -107,11 +143,20 @@ def serve(
             where = (f"{records_path.resolve()} (rotated at {records_max_mb:g} MiB)" if records_path else
                      "off (--records PATH to keep them)")
             typer.echo(f"# plan: {plan_path}\n# proposer records: {where}", err=True)
+        chat_template, fmt = None, tool_format
+        if tool_parser:
+            fmt = tool_format_of(tool_format, formats)
+            where = (plan_path.parent if plan_path else cache_dir() / "serve")
+            chat_template = write_tool_chat_template(model_path, fmt, where / f"chat-template-{port}.jinja")
+            typer.echo(f"# plain OpenAI clients: tool parser 'agentspec', format {fmt['name']}, chat "
+                       f"template {chat_template or 'the model’s own (it has none to wrap)'}", err=True)
+            fmt = fmt["name"] if _builtin(fmt) else fmt
         spec = ServerSpec(model=model_path, host=host, port=port, speculation=speculation,
                           gamma_max=gamma_max,
                           plan_path=plan_path, served_model_name=served_model_name,
                           max_model_len=max_model_len, seed=seed, extra_args=list(vllm_args or []),
-                          metrics=metrics)
+                          metrics=metrics, tool_parser=tool_parser, tool_format=fmt,
+                          chat_template=chat_template)
         typer.echo(spec.shell_line())
         if dry_run:
             return

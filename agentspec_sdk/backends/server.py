@@ -32,6 +32,9 @@ PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"
 PLAN_ENV = "AGENTSPEC_PLAN"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+# The `agentspec` tool parser (plain OpenAI tool calling), loaded by vLLM from this file's path.
+TOOL_PARSER_FILE = Path(__file__).with_name("tool_parser.py")
+TOOL_FORMAT_ENV = "AGENTSPEC_TOOL_FORMAT"
 
 
 # KV block size on CPU. vLLM's CPU default is 128 tokens, and prefix caching reuses whole blocks only,
@@ -114,6 +117,12 @@ class ServerSpec:
     # collection over this directory, emptied before every start (backends/prom_metrics.py).
     metrics: bool = True
     metrics_dir: Path | None = None  # None: <tmp>/agentspec-prom-<port>
+    # Plain OpenAI clients (`tools=[...]`): the `agentspec` tool parser builds each request's turn grammar
+    # in `tool_format` (a built-in name or a format dict) and returns `tool_calls`; `chat_template`
+    # (`tool_parser.write_chat_template`) renders their tools and calls as our own client's prompt does.
+    tool_parser: bool = True
+    tool_format: str | dict = "tool_calls"
+    chat_template: Path | None = None
 
     def __post_init__(self) -> None:
         if self.speculation not in SERVER_SPECULATION:
@@ -162,6 +171,12 @@ class ServerSpec:
             args += ["--kv-cache-memory-bytes", str(kv_bytes)]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
+        if self.tool_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", "agentspec",
+                     "--tool-parser-plugin", str(TOOL_PARSER_FILE)]
+        if self.chat_template:
+            args += ["--chat-template", str(Path(self.chat_template).resolve()),
+                     "--chat-template-content-format", "string"]
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec, separators=(",", ":")),
@@ -188,6 +203,9 @@ class ServerSpec:
         env = {PLAN_ENV: str(Path(self.plan_path).resolve())} if self.plan_path else {}
         if self.multiproc_dir() is not None:
             env[MULTIPROC_ENV] = str(self.multiproc_dir())
+        if self.tool_parser and self.tool_format != "tool_calls":
+            fmt = self.tool_format
+            env[TOOL_FORMAT_ENV] = fmt if isinstance(fmt, str) else json.dumps(fmt, separators=(",", ":"))
         return env
 
     def multiproc_dir(self) -> Path | None:

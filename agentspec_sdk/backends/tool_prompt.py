@@ -1,0 +1,109 @@
+"""The chat template for plain OpenAI clients of `agentspec serve` (no vLLM import here).
+
+`chat_template(fmt, base)` is a Jinja prelude over the model's own template `base`: for a request with
+`tools` it rewrites the messages as `backends.prompts.chat_messages` writes them for our own client
+(the format's instructions and the tools in the system prompt, an assistant's earlier `tool_calls`
+written in the format as the turn grammar writes them, tool results wrapped by `fmt.env_wrap`), then
+clears `tools` so that the model's template does not render them again. Without tools the prompt is
+the model's template alone. `agentspec serve` writes it with `write_chat_template` and passes it as
+`--chat-template`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.structure.formats import AgentFormat, get_format
+
+log = logging.getLogger("agentspec.backends")
+LAYOUTS = ("tool_calls", "react")  # the layouts whose turns carry tool calls an OpenAI client reads
+
+
+def chat_template(fmt: AgentFormat | str, base: str) -> str:
+    """Jinja: for a request with tools, messages rewritten as `prompts.chat_messages` writes them, then
+    the model's own template `base` (with `tools` cleared); without tools, `base` alone."""
+    fmt = get_format(fmt)
+    if fmt.layout not in LAYOUTS:
+        raise AgentSpecError(f"format {fmt.name!r} has no tool-call layout ({' or '.join(LAYOUTS)})")
+    how = fmt.instructions or fmt.description or f"Write your turn in the {fmt.name} format."
+    before, _, after = fmt.env_wrap.partition("{}")
+    if fmt.layout == "tool_calls":  # the call object as the turn grammar writes it
+        kind = fmt.kind("tool_call")
+        head, mid, tail = _lit(kind.open[0] + '{"name":'), _lit(',"arguments":'), _lit("}" + kind.close[0])
+        call = f"{head} ~ (tc.function.name | tojson) ~ {mid} ~ ns.args ~ {tail}"
+    else:
+        act, inp = fmt.kind("action").open[0], fmt.kind("action_input").open[0]
+        call = f"{_lit(act + ' ')} ~ tc.function.name ~ {_lit(chr(10) + inp + ' ')} ~ ns.args"
+    prelude = (_PRELUDE.replace("@SYSTEM@", _lit(how + "\n\nTools (JSON):")).replace("@BEFORE@", _lit(before))
+               .replace("@AFTER@", _lit(after)).replace("@CALL@", call))
+    return prelude + base
+
+
+_PRELUDE = """{%- if tools %}
+{%- set ns = namespace(msgs=[], system=@SYSTEM@, text='', args=none) %}
+{%- for t in tools %}{%- set f = t.function if t.function is defined else t %}
+{%- set ns.system = ns.system ~ '\\n' ~ ({'name': f.name, 'description': f.description or '',
+                                   'parameters': f.parameters or {}} | tojson(separators=(',', ':'))) %}
+{%- endfor %}
+{%- for m in messages %}
+{%- if m.role == 'system' %}{%- set ns.system = (m.content or '') ~ '\\n\\n' ~ ns.system %}
+{%- elif m.role == 'tool' %}
+{%- set ns.msgs = ns.msgs + [{'role': 'user', 'content': @BEFORE@ ~ (m.content or '') ~ @AFTER@}] %}
+{%- elif m.role == 'assistant' and m.tool_calls %}
+{%- set ns.text = m.content or '' %}
+{%- for tc in m.tool_calls %}
+{%- set ns.args = tc.function.arguments %}
+{%- if ns.args is not string %}{%- set ns.args = ns.args | tojson(separators=(',', ':')) %}{%- endif %}
+{%- set ns.text = ns.text ~ ('\\n' if ns.text else '') ~ (@CALL@) %}
+{%- endfor %}
+{%- set ns.msgs = ns.msgs + [{'role': 'assistant', 'content': ns.text}] %}
+{%- else %}{%- set ns.msgs = ns.msgs + [{'role': m.role, 'content': m.content or ''}] %}
+{%- endif %}
+{%- endfor %}
+{%- set messages = [{'role': 'system', 'content': ns.system}] + ns.msgs %}
+{%- set tools = none %}
+{%- endif -%}
+"""
+
+
+def _lit(text: str) -> str:
+    """A Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def model_chat_template(model: str | os.PathLike) -> str | None:
+    """The model's own chat template: `chat_template.jinja` or `tokenizer_config.json` of a local
+    folder, else the tokenizer's (transformers); None when it has none."""
+    folder = Path(model)
+    if folder.is_dir():
+        if (folder / "chat_template.jinja").is_file():
+            return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            template = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get(
+                "chat_template")
+        except (OSError, ValueError):
+            template = None
+    else:
+        from transformers import AutoTokenizer
+
+        template = AutoTokenizer.from_pretrained(str(model)).chat_template
+    if isinstance(template, list):  # named templates
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return template or None
+
+
+def write_chat_template(model: str | os.PathLike, fmt: AgentFormat | str,
+                        path: str | os.PathLike) -> Path | None:
+    """Write the template for `model`; None (logged) when the model has no template to wrap."""
+    base = model_chat_template(model)
+    if base is None:
+        log.warning("model %s has no chat template: plain clients' tools are not put in the prompt", model)
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(chat_template(fmt, base), encoding="utf-8")
+    return path
