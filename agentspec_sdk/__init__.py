@@ -16,6 +16,7 @@ from agentspec_sdk.errors import (
     SchemaNotSupported,
     ToolRegistryError,
     TraceError,
+    TurnParseError,
 )
 
 __version__ = "0.1.0"
@@ -42,7 +43,6 @@ _LAZY = {
     "turn_grammar": "agentspec_sdk.structure.turn_grammar",
     "tool_call_grammar": "agentspec_sdk.structure.turn_grammar",
     "turn_grammar_gbnf": "agentspec_sdk.structure.turn_grammar",
-    "TurnParseError": "agentspec_sdk.structure.turns",
     "parse_turn": "agentspec_sdk.structure.turns",
     "ParsedTurn": "agentspec_sdk.structure.turns",
     "ToolCall": "agentspec_sdk.structure.turns",
@@ -69,6 +69,7 @@ __all__ = [
     "SandboxError",
     "ToolRegistryError",
     "TraceError",
+    "TurnParseError",
     *_LAZY,
 ]
 

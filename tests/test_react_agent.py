@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentspec_sdk.replay import bfcl, loop
+from agentspec_sdk import bfcl
+from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.record import bfcl_episode_stub
 
 

@@ -5,10 +5,12 @@ import time
 import types
 from concurrent.futures import Future
 
-from agentspec_sdk.replay import bfcl, loop
+from agentspec_sdk import bfcl
+from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.record import bfcl_episode_stub
 from agentspec_sdk.replay.replayer import ObservationBook, replay
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.structure.token_labels import TokenClassifier
 
 
 def traced_episode() -> Episode:
@@ -126,7 +128,7 @@ def test_replay_runs_agents_concurrently_with_trace_observations(monkeypatch):
 
 
 def test_token_classifier_assigns_spans():
-    tc = loop.TokenClassifier(Tok())
+    tc = TokenClassifier(Tok())
     spans = [{"start": 0, "end": 4, "law_class": "R"}, {"start": 4, "end": 10, "law_class": "S"}]
     assert tc.counts("x" * 10, [1, 2, 3, 4, 5], spans) == {"S": 3, "R": 2, "F": 0}
     assert tc.counts("", [], spans) == {"S": 0, "R": 0, "F": 0}

@@ -289,7 +289,7 @@ def _question(city: str) -> list[dict]:
 def test_agent_turns_through_the_real_server(served):
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar
@@ -345,8 +345,8 @@ def test_agent_turns_through_the_real_server(served):
 def _scrape(url: str) -> dict:
     import httpx
 
-    from agentspec_sdk.backends.openai_backend import parse_prometheus
     from agentspec_sdk.backends.prom_metrics import parse_agentspec
+    from agentspec_sdk.backends.remote_inspect import parse_prometheus
 
     text = httpx.get(url + "/metrics", timeout=10).text
     return {"vllm": parse_prometheus(text), "ours": parse_agentspec(text)}
@@ -370,7 +370,7 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
 
     from agentspec_sdk.backends.openai_backend import RemoteEngine
     from agentspec_sdk.backends.prom_metrics import subtract
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turn_grammar import tool_call_grammar
 
@@ -444,7 +444,7 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
     from concurrent.futures import ThreadPoolExecutor
 
     from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.drafting.records import rotated_path
 
     proc, work = served
@@ -508,7 +508,7 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
     """Agents run multi-turn episodes; the server is killed while turns are in flight and restarted.
     Every turn is committed exactly once and the retries show in the log."""
     from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
 
     proc, work = served
     caplog.set_level(logging.WARNING, logger="agentspec.remote")

@@ -4,8 +4,9 @@ import json
 import pydantic
 import pytest
 
+from agentspec_sdk.bfcl import normalise_bfcl_schema
 from agentspec_sdk.errors import InvalidSchema, ToolRegistryError
-from agentspec_sdk.structure.tools import Tool, ToolRegistry, normalise_bfcl_schema, parse_docstring
+from agentspec_sdk.structure.tools import Tool, ToolRegistry, parse_docstring
 
 
 def search(query: str, k: int = 3, tags: list[str] | None = None) -> str:

@@ -3,11 +3,11 @@ import json
 import lark
 import pytest
 
-from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
+from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError, TurnParseError
 from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, AgentFormat
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar, turn_grammar_gbnf
-from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, TurnParseError, parse_turn
+from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, parse_turn
 
 
 def search(query: str, k: int = 3) -> str:

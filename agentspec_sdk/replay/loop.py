@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentspec_sdk.replay.trace import Episode, Turn
-from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels  # noqa: F401 (re-exported)
+from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels
 
 if TYPE_CHECKING:
     from agentspec_sdk.backends.contract import AgentEngine

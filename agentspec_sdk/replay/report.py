@@ -4,7 +4,7 @@ The public entry points: `build_report` (runs + turn logs + step and pass logs -
 and `write_report` (report.json, report.md, the law plots). The work is done by
 `replay.aggregate` (run totals, speedups, composition cells, lossless check), `replay.passes` (the
 pass table), `replay.predict` (the Draft Law fitted to the runs and its predictions) and
-`replay.render` (markdown, plots); their public names are re-exported here.
+`replay.render` (markdown, plots).
 
 A *run* is one (arm, mode, gamma, batch, prefix cache) configuration measured over the same
 prompts. Its summary holds totals and per-class (S, R, F) counts: output tokens, drafted,
@@ -20,11 +20,10 @@ from pathlib import Path
 
 from agentspec_sdk import law
 from agentspec_sdk.errors import LawInputError
-from agentspec_sdk.law import CLASSES
+from agentspec_sdk.law.closed_forms import CLASSES
 from agentspec_sdk.replay import accounting
 from agentspec_sdk.replay.aggregate import (
     SPECULATIVE,
-    UNCLASSIFIED,
     add_speedups,
     clean_json,
     composition_checks,
@@ -32,10 +31,9 @@ from agentspec_sdk.replay.aggregate import (
     machine,
     round_records,
     run_key,
-    summarize,
 )
 from agentspec_sdk.replay.loop import TurnLog
-from agentspec_sdk.replay.passes import COST_KEYS, mean_pass, pass_cycle, pass_table, passes_from_steps
+from agentspec_sdk.replay.passes import mean_pass, pass_cycle, pass_table, passes_from_steps
 from agentspec_sdk.replay.predict import (
     decisions,
     fit_costs_from_turns,
@@ -51,13 +49,6 @@ from agentspec_sdk.replay.render import markdown, write_law_plots
 from agentspec_sdk.replay.trace import atomic_write_text
 
 SCHEMA = "agentspec-report/1"
-
-__all__ = [
-    "CLASSES", "COST_KEYS", "SCHEMA", "SPECULATIVE", "UNCLASSIFIED", "add_speedups", "build_report",
-    "composition_checks", "decisions", "fit_costs_from_turns", "fit_law", "fit_pass_costs", "law_costs",
-    "lossless_check", "machine", "markdown", "mean_pass", "pass_table", "passes_from_steps", "predict",
-    "round_records", "run_key", "speedup_check", "summarize", "tau_rounds", "write_law_plots", "write_report",
-]
 
 
 def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta: Mapping, primary: Mapping,

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentspec_sdk.errors import BackendError
+from agentspec_sdk.replay.aggregate import summarize
 from agentspec_sdk.replay.arms import PROSE, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.passes import PASS_LOGS, write_logs
 from agentspec_sdk.replay.replayer import replay
-from agentspec_sdk.replay.report import build_report, summarize, write_report
+from agentspec_sdk.replay.report import build_report, write_report
 
 if TYPE_CHECKING:
     from agentspec_sdk.backends.contract import AgentEngine

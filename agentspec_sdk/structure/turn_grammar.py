@@ -28,12 +28,6 @@ from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.grammar_ir import Lit, to_regex
 from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
-from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, TurnParseError, parse_turn
-
-__all__ = [
-    "ParsedTurn", "ToolCall", "TurnParseError", "parse_turn",  # re-exported: the façade names them here
-    "tool_call_grammar", "turn_grammar", "turn_grammar_gbnf",
-]
 
 Dialect = Literal["llguidance", "lark", "gbnf"]
 ToolChoice = Literal["auto", "required", "none", "call"]  # "call": tool calls only, no text first
