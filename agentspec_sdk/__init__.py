@@ -46,6 +46,7 @@ _LAZY = {
     "parse_turn": "agentspec_sdk.structure.turns",
     "ParsedTurn": "agentspec_sdk.structure.turns",
     "ToolCall": "agentspec_sdk.structure.turns",
+    "parse_calls": "agentspec_sdk.structure.turns",
     "AgentEngine": "agentspec_sdk.backends.contract",
     "Engine": "agentspec_sdk.backends.vllm_engine",
     "EngineConfig": "agentspec_sdk.backends.engine_config",
@@ -56,7 +57,7 @@ _LAZY = {
     "Sandbox": "agentspec_sdk.replay.sandbox",
     "SandboxLimits": "agentspec_sdk.replay.sandbox",
     "SandboxResult": "agentspec_sdk.replay.sandbox",
-    "CODE_TOOL": "agentspec_sdk.replay.loop",
+    "CODE_TOOL": "agentspec_sdk.structure.formats",
 }
 
 __all__ = [

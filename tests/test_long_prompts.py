@@ -97,7 +97,7 @@ class Tok:
 
 def test_too_long_turn_ends_the_episode_and_is_counted(monkeypatch):
     monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
-    monkeypatch.setattr(loop, "parse_calls",
+    monkeypatch.setattr(loop, "turn_calls",
                         lambda fmt, text: [{"name": "ls", "arguments": {}}] if text else [])
     episode = Episode("e", {"name": "t"}, "sys", [], "tool_calls",
                       [Turn("user", "first"), Turn("user", "second")])

@@ -358,7 +358,7 @@ class Tok:
 @pytest.fixture
 def fake_requests(monkeypatch):
     monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
-    monkeypatch.setattr(loop, "parse_calls", lambda fmt, text: [])
+    monkeypatch.setattr(loop, "turn_calls", lambda fmt, text: [])
     import agentspec_sdk.replay.runner as runner
 
     monkeypatch.setattr(runner, "_warm_up", lambda engine: None)

@@ -292,7 +292,7 @@ def test_agent_turns_through_the_real_server(served):
     from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
-    from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
 
     proc, work = served
     tokenizer = load_tokenizer()
@@ -302,8 +302,7 @@ def test_agent_turns_through_the_real_server(served):
         assert report["grammar"] == "honoured" and report["proposer"]["steps"] > 0
         # Two turns are one tool call and nothing else (SmolLM2 would rather chat); one is a free turn.
         free = turn_grammar(get_format("tool_calls"), ToolRegistry(TOOLS))
-        call = tool_call_grammar(ToolRegistry(TOOLS)).replace(
-            "start: turn_tool_call", 'start: "<tool_call>" turn_tool_call "</tool_call>"')
+        call = turn_grammar("tool_calls", ToolRegistry(TOOLS), tool_choice="call", single_call=True)
         grammars = {"Paris": call, "Oslo": call, "Lima": None}
         reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=64, grammar=g,
                             request_id=f"turns/{city}", agent_id=city) for city, g in grammars.items()]
@@ -372,11 +371,10 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
     from agentspec_sdk.backends.prom_metrics import subtract
     from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.tools import ToolRegistry
-    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
 
     proc, work = served
-    call = tool_call_grammar(ToolRegistry(TOOLS)).replace(
-        "start: turn_tool_call", 'start: "<tool_call>" turn_tool_call "</tool_call>"')
+    call = turn_grammar("tool_calls", ToolRegistry(TOOLS), tool_choice="call", single_call=True)
     before = _scrape(proc.base_url)
     with RemoteEngine(proc.base_url, records_path=work / "records.jsonl", tools=TOOLS) as eng:
         reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=96, grammar=g,
