@@ -46,6 +46,9 @@ def test_bfcl_names_have_one_home():
                  "read_jsonl", "system_prompt", "is_long_context", "class_docs"):
         assert getattr(bfcl, name).__module__ == "agentspec_sdk.bfcl", name
     assert BfclDataError.__module__ == "agentspec_sdk.errors"
+    import agentspec_sdk.structure.tools as tools
+
+    assert not hasattr(tools, "normalise_bfcl_schema")  # tools know nothing of BFCL
 
 
 def test_both_schema_forms_share_one_type_map():

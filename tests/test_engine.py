@@ -208,7 +208,7 @@ def _by_class(records):
 def test_cpu_engine_uses_small_kv_blocks_for_prefix_reuse(engine_structure):
     from vllm.platforms import current_platform
 
-    from agentspec_sdk.backends.server import CPU_BLOCK_SIZE
+    from agentspec_sdk.backends.engine_config import CPU_BLOCK_SIZE
 
     if not current_platform.is_cpu():
         pytest.skip("vLLM's own default block size off CPU")

@@ -19,7 +19,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from agentspec_sdk.backends.server import PROPOSER_CLASS, ServerProcess, ServerSpec
+from agentspec_sdk.backends.engine_config import PROPOSER_CLASS
+from agentspec_sdk.backends.server import ServerProcess, ServerSpec
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError
 
@@ -70,7 +71,7 @@ def test_other_modes_and_bad_settings():
 
 
 def test_cpu_defaults_fp32_a_bounded_kv_cache_and_small_blocks():
-    from agentspec_sdk.backends.server import running_on_cpu
+    from agentspec_sdk.backends.engine_config import running_on_cpu
 
     args = ServerSpec(model="m", speculation="off").args()
     if running_on_cpu():

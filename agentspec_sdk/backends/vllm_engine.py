@@ -26,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_sdk.backends.contract import EngineBase
-from agentspec_sdk.backends.engine_config import EngineConfig
+from agentspec_sdk.backends.engine_config import (
+    CPU_BLOCK_SIZE,
+    PROPOSER_CLASS,
+    STOCK,
+    EngineConfig,
+    stock_speculative_config,
+)
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.prompts import chat_messages
 from agentspec_sdk.backends.scheduler_probe import SchedulerProbe
-from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS, STOCK, stock_speculative_config
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
