@@ -220,7 +220,7 @@ def _react(b, fmt, tools, avoid, shape: _Shape) -> None:
     markers = "|".join(re.escape(m) for m in sorted(avoid, key=lambda m: (-len(m), m)))
     action = b.lit(fmt.kind("action").open[0])
     b.rule(b.start, f'{b.lit(thought.open[0] + " ")} REACT_THOUGHT "\\n" {action} " "? {union} "\\n"?')
-    b.tail.append(f"REACT_THOUGHT: /[^\\n]{{1,{shape.thought_chars}}}/ & ~/(?s:.*(?:{markers}).*)/")
+    b.tail.append(f"REACT_THOUGHT: /[^\\n]{{1,{shape.thought_chars}}}/ & ~/(?s:.*(?:{markers}).*)/\n")
 
 
 def _code(b, fmt, tools, avoid, shape: _Shape) -> None:
@@ -307,7 +307,7 @@ class _Builder:
         self.start = "root" if dialect == "gbnf" else "start"
         self.rules: list[tuple[str, str]] = []
         self.extra: list[str] = []
-        self.tail: list[str] = []  # lines after the schemas' rules
+        self.tail: list[str] = []  # lines (each with its newline) after the schemas' rules
         self.schemas: dict[str, SchemaRules] = {}
         self._lexemes: dict[tuple, str] = {}
         self._automata: dict[tuple[str, ...], str] = {}
@@ -394,7 +394,7 @@ class _Builder:
         out = "\n".join(lines) + "\n"
         for rules in self.schemas.values():
             out += rules.gbnf if self.dialect == "gbnf" else rules.lark
-        return out + "".join(line + "\n" for line in self.tail)
+        return out + "".join(self.tail)
 
 
 def _alts(avoid: Sequence[str]) -> str:
