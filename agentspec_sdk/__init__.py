@@ -16,6 +16,7 @@ from agentspec_sdk.errors import (
     SchemaNotSupported,
     ToolRegistryError,
     TraceError,
+    TurnParseError,
 )
 
 __version__ = "0.1.0"
@@ -42,10 +43,10 @@ _LAZY = {
     "turn_grammar": "agentspec_sdk.structure.turn_grammar",
     "tool_call_grammar": "agentspec_sdk.structure.turn_grammar",
     "turn_grammar_gbnf": "agentspec_sdk.structure.turn_grammar",
-    "TurnParseError": "agentspec_sdk.structure.turns",
     "parse_turn": "agentspec_sdk.structure.turns",
     "ParsedTurn": "agentspec_sdk.structure.turns",
     "ToolCall": "agentspec_sdk.structure.turns",
+    "parse_calls": "agentspec_sdk.structure.turns",
     "AgentEngine": "agentspec_sdk.backends.contract",
     "Engine": "agentspec_sdk.backends.vllm_engine",
     "EngineConfig": "agentspec_sdk.backends.engine_config",
@@ -56,7 +57,7 @@ _LAZY = {
     "Sandbox": "agentspec_sdk.replay.sandbox",
     "SandboxLimits": "agentspec_sdk.replay.sandbox",
     "SandboxResult": "agentspec_sdk.replay.sandbox",
-    "CODE_TOOL": "agentspec_sdk.replay.loop",
+    "CODE_TOOL": "agentspec_sdk.structure.formats",
 }
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "SandboxError",
     "ToolRegistryError",
     "TraceError",
+    "TurnParseError",
     *_LAZY,
 ]
 

@@ -7,8 +7,9 @@ One module for everything the SDK knows about BFCL:
   importlib.resources from the installed `bfcl-eval` (installed without its dependencies: only its
   data files and its pure-Python multi-turn tool classes are used);
 - schema normalisation: BFCL's type names ("dict", "float", "tuple", "any", Java/JS names) to JSON
-  Schema, in full (`normalise_bfcl_schema`, used by every tool registry) or as the slim OpenAI tool
-  dicts of the multi-turn replay (`to_json_schema`, `openai_tool`, `entry_tools`);
+  Schema, in full (`normalise_bfcl_schema`; `function_tool` applies it to a function doc before the
+  doc reaches a `ToolRegistry`, which knows only JSON Schema) or as the slim OpenAI tool dicts of the
+  multi-turn replay (`to_json_schema`, `openai_tool`, `entry_tools`);
 - the executable environments: BFCL's classes (GorillaFileSystem, MathAPI, TwitterAPI, TradingBot,
   VehicleControlAPI, ...) loaded with an entry's initial_config (`BfclEnvironment`).
 
@@ -24,12 +25,10 @@ import json
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agentspec_sdk.errors import BfclDataError, InvalidSchema
-
-if TYPE_CHECKING:
-    from agentspec_sdk.structure.tools import ToolRegistry
+from agentspec_sdk.errors import BfclDataError, InvalidSchema, ToolRegistryError
+from agentspec_sdk.structure.tools import ToolRegistry
 
 LICENSE = "Apache-2.0"
 DATASET_URL = "https://github.com/ShishirPatil/gorilla/tree/main/berkeley-function-call-leaderboard"
@@ -65,15 +64,11 @@ class BfclPrompt:
     ground_truth: list[dict[str, Any]] = field(default_factory=list)
 
     def registry(self) -> ToolRegistry:
-        from agentspec_sdk.structure.tools import ToolRegistry  # structure.tools imports this module
-
         return ToolRegistry(self.tools)
 
 
 def load_category(category: str) -> list[BfclPrompt]:
     """All single-turn prompts of one BFCL category, e.g. 'simple_python', 'multiple', 'live_multiple'."""
-    from agentspec_sdk.structure.tools import ToolRegistry  # structure.tools imports this module
-
     name = f"BFCL_v4_{category}.json"
     entries = read_jsonl(name)
     answers_name = f"possible_answer/{name}"
@@ -85,7 +80,7 @@ def load_category(category: str) -> list[BfclPrompt]:
         if len(turns) != 1:
             continue  # multi-turn entries belong to the replay runner
         messages = [{"role": m["role"], "content": m["content"]} for m in turns[0]]
-        tools = ToolRegistry(entry.get("function", [])).openai_tools()
+        tools = ToolRegistry([function_tool(doc) for doc in entry.get("function", [])]).openai_tools()
         prompts.append(BfclPrompt(entry["id"], messages, tools, answers.get(entry["id"], [])))
     return prompts
 
@@ -199,6 +194,22 @@ def normalise_bfcl_schema(schema, pointer: str = ""):
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["properties"] = {}
     return out
+
+
+def function_tool(doc: Any) -> Any:
+    """A BFCL function doc ({"name", "description", "parameters"} with BFCL's type names) with its
+    parameters normalised (`normalise_bfcl_schema`, every keyword kept): what a `ToolRegistry` takes.
+    A doc that is not a dict with a parameters object is passed on as is, for the registry to name
+    what is wrong; a bad type raises `ToolRegistryError` naming the tool and the schema path."""
+    if not isinstance(doc, dict):
+        return doc
+    params = doc.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(params, dict):
+        return doc
+    try:
+        return {**doc, "parameters": normalise_bfcl_schema(params)}
+    except InvalidSchema as exc:
+        raise ToolRegistryError(f"tool {doc.get('name')!r}: {exc}") from None
 
 
 def to_json_schema(schema: Any, pointer: str = "") -> Any:

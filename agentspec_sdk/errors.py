@@ -1,7 +1,7 @@
 """Errors the SDK raises. Each names what is wrong (schema path, tool name, limit).
 
-Every exception class the SDK defines lives here; the modules that raise one re-export it under its
-old name (`structure.numbers.BoundNotExpressible`, `drafting.plan.PlanError`, ...). Not here:
+Every exception class the SDK defines lives here and is imported from here (`from agentspec_sdk.errors
+import PlanError`), also by the modules that raise it; no other module is its home. Not here:
 private control-flow exceptions, raised and caught inside one module and never seen by a caller
 (`structure.exactness._OutOfTime`, `replay.trace._Bad`, `backends.remote_transport._StreamBroken`,
 `agentspec_langgraph.middleware._TimedOut`); they stay with their module.

@@ -156,8 +156,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter, _tool_call_grammar
+    from agentspec_sdk.drafting.drafter import StructureDrafter, _tool_call_grammar
     from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.drafting.rows import RowInput
 
     tok = AutoTokenizer.from_pretrained(resolve_model())
     cases = bfcl_cases(args.cases)

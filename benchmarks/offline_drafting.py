@@ -283,7 +283,7 @@ class StructureCall:
         self.drafter, self.classes = drafter, []
 
     def __call__(self, histories) -> list[list[int]]:
-        from agentspec_sdk.drafting.drafter import RowInput
+        from agentspec_sdk.drafting.rows import RowInput
 
         drafts = self.drafter.propose([RowInput(h) for h in histories])
         rows = getattr(self.drafter, "_rows", None) or []

@@ -8,8 +8,8 @@ import pytest
 
 from agentspec_sdk.backends.vllm_metrics import label_records
 from agentspec_sdk.replay import accounting
+from agentspec_sdk.replay.aggregate import summarize
 from agentspec_sdk.replay.loop import TurnLog
-from agentspec_sdk.replay.report import summarize
 from agentspec_sdk.structure.formats import LawClass
 from agentspec_sdk.structure.segmenter import Span
 from agentspec_sdk.structure.token_labels import TokenClassifier

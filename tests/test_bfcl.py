@@ -1,6 +1,6 @@
 """BFCL in one module (agentspec_sdk.bfcl): data access, schema normalisation, environments, one error."""
 
-import importlib
+import pkgutil
 
 import pytest
 
@@ -33,20 +33,22 @@ def test_unknown_file_category_or_class_names_it():
     assert issubclass(BfclDataError, AgentSpecError)
 
 
-def test_old_import_paths_are_the_same_objects():
-    old = {"agentspec_sdk.bfcl_data": ("BfclDataError", "BfclPrompt", "DEFAULT_CATEGORIES", "load_category",
-                                       "tool_call_prompts"),
-           "agentspec_sdk.structure.bfcl_schema": ("normalise_bfcl_schema", "BFCL_TYPES"),
-           "agentspec_sdk.replay.bfcl": ("BfclEnvironment", "ToolRun", "entry_tools", "multi_turn_entries",
-                                         "openai_tool", "read_jsonl", "system_prompt", "is_long_context",
-                                         "class_docs", "CLASS_DOCS", "LICENSE", "DATASET_URL")}
-    import agentspec_sdk.errors as errors
+def test_bfcl_names_have_one_home():
+    # the old re-export modules are gone: every BFCL name is imported from agentspec_sdk.bfcl
+    import agentspec_sdk
 
-    for module, names in old.items():
-        mod = importlib.import_module(module)
-        for name in names:
-            assert (getattr(mod, name) is getattr(bfcl, name, None)
-                    or getattr(mod, name) is getattr(errors, name))
+    modules = {m.name for m in pkgutil.walk_packages(agentspec_sdk.__path__, "agentspec_sdk.")}
+    assert "agentspec_sdk.bfcl" in modules and "agentspec_sdk.replay.loop" in modules
+    assert not modules & {"agentspec_sdk.bfcl_data", "agentspec_sdk.structure.bfcl_schema",
+                          "agentspec_sdk.replay.bfcl"}
+    for name in ("BfclPrompt", "load_category", "tool_call_prompts", "normalise_bfcl_schema",
+                 "BfclEnvironment", "ToolRun", "entry_tools", "multi_turn_entries", "openai_tool",
+                 "read_jsonl", "system_prompt", "is_long_context", "class_docs"):
+        assert getattr(bfcl, name).__module__ == "agentspec_sdk.bfcl", name
+    assert BfclDataError.__module__ == "agentspec_sdk.errors"
+    import agentspec_sdk.structure.tools as tools
+
+    assert not hasattr(tools, "normalise_bfcl_schema")  # tools know nothing of BFCL
 
 
 def test_both_schema_forms_share_one_type_map():

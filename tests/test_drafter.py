@@ -7,10 +7,12 @@ import pytest
 
 from agentspec_sdk.drafting import drafter as drafter_mod
 from agentspec_sdk.drafting import rows as rows_mod
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
-from agentspec_sdk.drafting.plan import DraftPlan, PlanError
+from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.rows import RowInput
 from agentspec_sdk.drafting.text import HistoryText, TokenBytes
+from agentspec_sdk.errors import PlanError
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",

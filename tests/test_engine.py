@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from agentspec_sdk.backends.model_bundle import resolve_model
-from agentspec_sdk.backends.vllm_engine import TurnRequest, chat_messages
+from agentspec_sdk.backends.prompts import chat_messages
+from agentspec_sdk.backends.types import TurnRequest
 from agentspec_sdk.backends.vllm_metrics import RecordsTail
-from agentspec_sdk.bfcl_data import tool_call_prompts
+from agentspec_sdk.bfcl import tool_call_prompts
 from agentspec_sdk.drafting.fingerprint import prefix_hash
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
 from agentspec_sdk.structure.formats import TOOL_CALLS
@@ -207,7 +208,7 @@ def _by_class(records):
 def test_cpu_engine_uses_small_kv_blocks_for_prefix_reuse(engine_structure):
     from vllm.platforms import current_platform
 
-    from agentspec_sdk.backends.server import CPU_BLOCK_SIZE
+    from agentspec_sdk.backends.engine_config import CPU_BLOCK_SIZE
 
     if not current_platform.is_cpu():
         pytest.skip("vLLM's own default block size off CPU")
@@ -364,7 +365,7 @@ DRAFT_MODEL_RUN = """
 import json, sys
 from agentspec_sdk.backends.model_bundle import resolve_model
 from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
-from agentspec_sdk.bfcl_data import tool_call_prompts
+from agentspec_sdk.bfcl import tool_call_prompts
 
 if __name__ == "__main__":
     prompts = tool_call_prompts(int(sys.argv[1]))

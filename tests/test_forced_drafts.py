@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.forced import CallMatcher, canonical_tokens
 from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.rows import RowInput
 from agentspec_sdk.structure.turn_grammar import tool_call_grammar
 
 

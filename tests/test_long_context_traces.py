@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentspec_sdk.replay import bfcl
+from agentspec_sdk import bfcl
 from agentspec_sdk.replay.record import bfcl_episode_stub, environment_for
 from agentspec_sdk.replay.trace import load_traces
 
@@ -45,7 +45,7 @@ def test_slim_docs_are_unchanged_for_the_base_category():
 @pytest.mark.skipif(not LONG.is_file(), reason="trace file not recorded yet")
 def test_shipped_long_context_traces():
     from agentspec_sdk.backends.model_bundle import load_tokenizer
-    from agentspec_sdk.backends.vllm_engine import chat_messages
+    from agentspec_sdk.backends.prompts import chat_messages
     from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
 

@@ -9,12 +9,15 @@ from concurrent.futures import Future
 import pytest
 
 from agentspec_sdk.backends.model_bundle import context_length, load_tokenizer, resolve_model
-from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
+from agentspec_sdk.backends.types import TurnRequest
+from agentspec_sdk.backends.vllm_engine import Engine
 from agentspec_sdk.errors import BackendError, PromptTooLong
 from agentspec_sdk.replay import loop
-from agentspec_sdk.replay.report import add_speedups, markdown, summarize
+from agentspec_sdk.replay.aggregate import add_speedups, summarize
+from agentspec_sdk.replay.render import markdown
 from agentspec_sdk.replay.trace import Episode, Turn
 from agentspec_sdk.structure.formats import get_format
+from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
 
 
@@ -94,14 +97,14 @@ class Tok:
 
 def test_too_long_turn_ends_the_episode_and_is_counted(monkeypatch):
     monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
-    monkeypatch.setattr(loop, "parse_calls",
+    monkeypatch.setattr(loop, "turn_calls",
                         lambda fmt, text: [{"name": "ls", "arguments": {}}] if text else [])
     episode = Episode("e", {"name": "t"}, "sys", [], "tool_calls",
                       [Turn("user", "first"), Turn("user", "second")])
     engine = GrowingPromptEngine(limit=200)
     big = loop.Observation("x" * 90, 0.0, "real")
     logs, produced = loop.run_episode(engine, episode, lambda name, args, seg: big,
-                                      classifier=loop.TokenClassifier(Tok()),
+                                      classifier=TokenClassifier(Tok()),
                                       max_tokens=20, max_steps=lambda seg: 5, sleep=False)
     # turn 0 fits (3 + 5 + 20 chars), turn 1 fits (+ 94), turn 2 does not (+ 94 > 200):
     # the episode stops there

@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.lookup import SEPARATOR, continuation, longest_match
 from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.rows import RowInput
 
 
 @pytest.fixture(scope="module")

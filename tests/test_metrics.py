@@ -25,8 +25,9 @@ from agentspec_sdk.backends.prom_metrics import (
     summarize,
 )
 from agentspec_sdk.backends.vllm_metrics import RecordsTail
-from agentspec_sdk.drafting.plan import DraftPlan, PlanError
+from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.records import Accounting, DraftRound, append_records, rotated_path
+from agentspec_sdk.errors import PlanError
 from agentspec_sdk.law.estimators import OnlineAcceptance
 
 
@@ -89,7 +90,8 @@ def test_a_real_drafter_settles_rounds_into_the_counters(tmp_path):
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.rows import RowInput
 
     tok = AutoTokenizer.from_pretrained(resolve_model())
     metrics, reg = _metrics()

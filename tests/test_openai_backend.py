@@ -13,14 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agentspec_sdk.backends.openai_backend import (
-    PROBE_GRAMMAR,
-    MalformedResponse,
-    RemoteEngine,
-    parse_prometheus,
-)
-from agentspec_sdk.backends.vllm_engine import TurnRequest
-from agentspec_sdk.errors import BackendError
+from agentspec_sdk.backends.openai_backend import RemoteEngine
+from agentspec_sdk.backends.remote_inspect import PROBE_GRAMMAR, parse_prometheus
+from agentspec_sdk.backends.types import TurnRequest
+from agentspec_sdk.errors import BackendError, MalformedResponse
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",

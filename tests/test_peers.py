@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from agentspec_sdk.backends import server
-from agentspec_sdk.backends.server import ServerSpec, stock_speculative_config
+from agentspec_sdk.backends import engine_config
+from agentspec_sdk.backends.engine_config import stock_speculative_config
+from agentspec_sdk.backends.server import ServerSpec
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.vllm_metrics import RecordsTail
 from agentspec_sdk.errors import BackendError
@@ -43,7 +44,7 @@ def test_missing_arctic_inference_names_the_install_step(monkeypatch):
         ServerSpec(model="m", speculation="suffix").args()
     assert "ARCTIC_INFERENCE_ENABLED" not in str(err.value)
     with pytest.raises(BackendError, match="arctic-inference"):
-        server.require_suffix_decoding()
+        engine_config.require_suffix_decoding()
 
 
 def test_engine_refuses_suffix_without_the_package_before_vllm_starts(monkeypatch):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentspec_sdk.replay import bfcl, loop
+from agentspec_sdk import bfcl
+from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.record import bfcl_episode_stub
+from agentspec_sdk.structure.tools import ToolRegistry
+from agentspec_sdk.structure.turn_grammar import turn_grammar
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,8 @@ def accepts(episode):
 
     hf = AutoTokenizer.from_pretrained(str(resolve_model()))
     tokenizer = llguidance.hf.from_tokenizer(hf)
-    grammar = loop.react_call_grammar("react", episode.tools)
+    grammar = turn_grammar("react", ToolRegistry(episode.tools), tool_choice="call",
+                           thought_chars=loop.THOUGHT_CHARS)
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar),
                                                  tokenizer) == ""
 
@@ -55,8 +59,9 @@ def test_an_acting_turn_is_one_thought_line_then_a_forced_action(accepts):
 
 def test_the_policy_acts_first_and_may_answer_last(episode):
     acting = loop._GRAMMARS.get(episode, "call")
-    assert acting == loop.react_call_grammar("react", episode.tools)
+    assert acting == turn_grammar("react", ToolRegistry(episode.tools), tool_choice="required",
+                                  thought_chars=loop.THOUGHT_CHARS)
     last = loop._GRAMMARS.get(episode, "auto")
     assert "Final Answer:" in last and last != acting
-    calls = loop.parse_calls("react", 'Thought: x\nAction: cd\nAction Input: {"folder":"document"}\n')
+    calls = loop.turn_calls("react", 'Thought: x\nAction: cd\nAction Input: {"folder":"document"}\n')
     assert calls == [{"name": "cd", "arguments": {"folder": "document"}}]

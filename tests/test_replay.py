@@ -5,10 +5,18 @@ import time
 import types
 from concurrent.futures import Future
 
-from agentspec_sdk.replay import bfcl, loop
+import pytest
+
+from agentspec_sdk import bfcl
+from agentspec_sdk.errors import TurnParseError
+from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.record import bfcl_episode_stub
 from agentspec_sdk.replay.replayer import ObservationBook, replay
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.structure.token_labels import TokenClassifier
+from agentspec_sdk.structure.tools import ToolRegistry
+from agentspec_sdk.structure.turn_grammar import turn_grammar
+from agentspec_sdk.structure.turns import parse_calls
 
 
 def traced_episode() -> Episode:
@@ -106,7 +114,7 @@ class Tok:
 
 def test_replay_runs_agents_concurrently_with_trace_observations(monkeypatch):
     monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
-    monkeypatch.setattr(loop, "parse_calls", lambda fmt, text: (
+    monkeypatch.setattr(loop, "turn_calls", lambda fmt, text: (
         [{"name": "cd", "arguments": {"folder": "document"}}] if "<tool_call>" in text else []))
     episodes = []
     for i in range(6):
@@ -126,16 +134,20 @@ def test_replay_runs_agents_concurrently_with_trace_observations(monkeypatch):
 
 
 def test_token_classifier_assigns_spans():
-    tc = loop.TokenClassifier(Tok())
+    tc = TokenClassifier(Tok())
     spans = [{"start": 0, "end": 4, "law_class": "R"}, {"start": 4, "end": 10, "law_class": "S"}]
     assert tc.counts("x" * 10, [1, 2, 3, 4, 5], spans) == {"S": 3, "R": 2, "F": 0}
     assert tc.counts("", [], spans) == {"S": 0, "R": 0, "F": 0}
 
 
-def test_parse_calls_reads_real_tool_call_turns():
-    calls = loop.parse_calls("tool_calls",
-                             'ok <tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call>')
+def test_turn_calls_reads_real_tool_call_turns_and_executes_none_of_a_malformed_one():
+    calls = loop.turn_calls("tool_calls",
+                            'ok <tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call>')
     assert calls == [{"name": "cd", "arguments": {"folder": "a"}}]
+    cut = '<tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call><tool_call>{"name": "ls", "argu'
+    with pytest.raises(TurnParseError, match="tool call #2 at offset 67: malformed JSON"):
+        parse_calls("tool_calls", cut)  # structure's one behaviour: the parse error names the call
+    assert loop.turn_calls("tool_calls", cut) == []  # the loop's policy: a cut-off turn runs no call
 
 
 def test_policy_calls_first_then_auto():
@@ -150,7 +162,8 @@ def test_call_first_grammar_accepts_exactly_one_call():
     from agentspec_sdk.backends.model_bundle import load_tokenizer
 
     tools = bfcl.entry_tools(bfcl.multi_turn_entries()[1])
-    grammar = loop.call_first_grammar("tool_calls", tools)
+    grammar = loop.GrammarCache().get(Episode("e", {}, "sys", tools, "tool_calls", []), "call")
+    assert grammar == turn_grammar("tool_calls", ToolRegistry(tools), tool_choice="call", single_call=True)
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar)) == ""
     hf = load_tokenizer()
     tok = llguidance.hf.from_tokenizer(hf)

@@ -9,17 +9,12 @@ import pytest
 
 from agentspec_sdk import law
 from agentspec_sdk.replay import loop
+from agentspec_sdk.replay.aggregate import composition_checks, summarize
 from agentspec_sdk.replay.arms import Arm
 from agentspec_sdk.replay.loop import TurnLog
-from agentspec_sdk.replay.report import (
-    build_report,
-    composition_checks,
-    markdown,
-    mean_pass,
-    pass_table,
-    summarize,
-    write_report,
-)
+from agentspec_sdk.replay.passes import mean_pass, pass_table
+from agentspec_sdk.replay.render import markdown
+from agentspec_sdk.replay.report import build_report, write_report
 from agentspec_sdk.replay.runner import ModeConfig, Plan, run_plan
 from agentspec_sdk.replay.trace import Episode, Turn
 
@@ -242,7 +237,7 @@ def test_class_entropies_on_the_real_model():
 
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.backends.target_entropy import class_entropies
-    from agentspec_sdk.replay.loop import TokenClassifier
+    from agentspec_sdk.structure.token_labels import TokenClassifier
 
     hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model())
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
@@ -363,7 +358,7 @@ class Tok:
 @pytest.fixture
 def fake_requests(monkeypatch):
     monkeypatch.setattr(loop, "make_request", lambda **kw: kw)
-    monkeypatch.setattr(loop, "parse_calls", lambda fmt, text: [])
+    monkeypatch.setattr(loop, "turn_calls", lambda fmt, text: [])
     import agentspec_sdk.replay.runner as runner
 
     monkeypatch.setattr(runner, "_warm_up", lambda engine: None)
@@ -456,12 +451,15 @@ def test_ctrl_c_during_a_report_write_is_held_until_the_write_ends(tmp_path, fak
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_report_keeps_its_names_and_one_class_tuple():
+def test_report_names_live_in_their_homes_and_one_class_tuple():
+    from agentspec_sdk.law import closed_forms
     from agentspec_sdk.replay import aggregate, passes, predict, render, report
 
-    assert report.CLASSES is law.CLASSES == ("S", "R", "F")
-    assert report.summarize is aggregate.summarize and report.pass_table is passes.pass_table
-    assert report.fit_law is predict.fit_law and report.markdown is render.markdown
+    assert closed_forms.CLASSES is law.CLASSES == ("S", "R", "F")
+    assert not hasattr(report, "__all__")  # report.py re-exports none of its helpers' names
+    assert (aggregate.summarize.__module__, passes.pass_table.__module__, predict.fit_law.__module__,
+            render.markdown.__module__) == ("agentspec_sdk.replay.aggregate", "agentspec_sdk.replay.passes",
+                                            "agentspec_sdk.replay.predict", "agentspec_sdk.replay.render")
     # the per-turn fallback fit is the law's (no fit of its own in the report)
     spec = [log(decode_s=1.0, records=[rec("S", 4, 2)]), log(decode_s=1.6, records=[rec("S", 4, 2)] * 2)]
     fit = predict.fit_costs_from_turns({"off": [log(decode_s=0.8)], "structure": spec})

@@ -10,8 +10,8 @@ import time
 import lark
 import pytest
 
+from agentspec_sdk.bfcl import normalise_bfcl_schema
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.bfcl_schema import normalise_bfcl_schema
 from agentspec_sdk.structure.schema_algebra import canonical_literal
 from agentspec_sdk.structure.schema_compiler import (
     canonical_texts,

@@ -21,7 +21,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from agentspec_sdk.backends.server import PROPOSER_CLASS, ServerProcess, ServerSpec
+from agentspec_sdk.backends.engine_config import PROPOSER_CLASS
+from agentspec_sdk.backends.server import ServerProcess, ServerSpec
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError
 
@@ -72,7 +73,7 @@ def test_other_modes_and_bad_settings():
 
 
 def test_cpu_defaults_fp32_a_bounded_kv_cache_and_small_blocks():
-    from agentspec_sdk.backends.server import running_on_cpu
+    from agentspec_sdk.backends.engine_config import running_on_cpu
 
     args = ServerSpec(model="m", speculation="off").args()
     if running_on_cpu():
@@ -452,10 +453,10 @@ def _question(city: str) -> list[dict]:
 def test_agent_turns_through_the_real_server(served):
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
-    from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
 
     proc, work = served
     tokenizer = load_tokenizer()
@@ -465,8 +466,7 @@ def test_agent_turns_through_the_real_server(served):
         assert report["grammar"] == "honoured" and report["proposer"]["steps"] > 0
         # Two turns are one tool call and nothing else (SmolLM2 would rather chat); one is a free turn.
         free = turn_grammar(get_format("tool_calls"), ToolRegistry(TOOLS))
-        call = tool_call_grammar(ToolRegistry(TOOLS)).replace(
-            "start: turn_tool_call", 'start: "<tool_call>" turn_tool_call "</tool_call>"')
+        call = turn_grammar("tool_calls", ToolRegistry(TOOLS), tool_choice="call", single_call=True)
         grammars = {"Paris": call, "Oslo": call, "Lima": None}
         reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=64, grammar=g,
                             request_id=f"turns/{city}", agent_id=city) for city, g in grammars.items()]
@@ -508,8 +508,8 @@ def test_agent_turns_through_the_real_server(served):
 def _scrape(url: str) -> dict:
     import httpx
 
-    from agentspec_sdk.backends.openai_backend import parse_prometheus
     from agentspec_sdk.backends.prom_metrics import parse_agentspec
+    from agentspec_sdk.backends.remote_inspect import parse_prometheus
 
     text = httpx.get(url + "/metrics", timeout=10).text
     return {"vllm": parse_prometheus(text), "ours": parse_agentspec(text)}
@@ -533,13 +533,12 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
 
     from agentspec_sdk.backends.openai_backend import RemoteEngine
     from agentspec_sdk.backends.prom_metrics import subtract
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.tools import ToolRegistry
-    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+    from agentspec_sdk.structure.turn_grammar import turn_grammar
 
     proc, work = served
-    call = tool_call_grammar(ToolRegistry(TOOLS)).replace(
-        "start: turn_tool_call", 'start: "<tool_call>" turn_tool_call "</tool_call>"')
+    call = turn_grammar("tool_calls", ToolRegistry(TOOLS), tool_choice="call", single_call=True)
     before = _scrape(proc.base_url)
     with RemoteEngine(proc.base_url, records_path=work / "records.jsonl", tools=TOOLS) as eng:
         reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=96, grammar=g,
@@ -801,7 +800,7 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
     from concurrent.futures import ThreadPoolExecutor
 
     from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.drafting.records import rotated_path
 
     proc, work = served
@@ -865,7 +864,7 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
     """Agents run multi-turn episodes; the server is killed while turns are in flight and restarted.
     Every turn is committed exactly once and the retries show in the log."""
     from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.vllm_engine import TurnRequest
+    from agentspec_sdk.backends.types import TurnRequest
 
     proc, work = served
     caplog.set_level(logging.WARNING, logger="agentspec.remote")

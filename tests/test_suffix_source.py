@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.plan import DraftPlan
-from agentspec_sdk.drafting.rows import Candidate
+from agentspec_sdk.drafting.rows import Candidate, RowInput
 from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
 
 pytestmark = pytest.mark.skipif(not available(),

@@ -4,8 +4,10 @@ import json
 import pydantic
 import pytest
 
+from agentspec_sdk import bfcl
+from agentspec_sdk.bfcl import normalise_bfcl_schema
 from agentspec_sdk.errors import InvalidSchema, ToolRegistryError
-from agentspec_sdk.structure.tools import Tool, ToolRegistry, normalise_bfcl_schema, parse_docstring
+from agentspec_sdk.structure.tools import Tool, ToolRegistry, parse_docstring
 
 
 def search(query: str, k: int = 3, tags: list[str] | None = None) -> str:
@@ -128,7 +130,7 @@ def test_bfcl_docs_are_normalised():
     reg = ToolRegistry()
     for doc in docs:
         if doc["name"] not in reg:
-            reg.add(doc)
+            reg.add(bfcl.function_tool(doc))  # BFCL's normalisation runs where BFCL docs are read
     text = json.dumps([t.parameters for t in reg.tools])
     for bfcl_type in ('"dict"', '"float"', '"tuple"', '"any"', '"String"', '"HashMap"'):
         assert f'"type": {bfcl_type}' not in text
@@ -157,8 +159,32 @@ def test_normalise_bfcl_schema_types():
     with pytest.raises(InvalidSchema, match=r"unknown BFCL type 'complex' \(at /properties/z/type\)"):
         normalise_bfcl_schema({"type": "dict", "properties": {"z": {"type": "complex"}}})
     with pytest.raises(ToolRegistryError, match="tool 'f'.*unknown BFCL type 'complex'"):
-        ToolRegistry().add({"name": "f",
-                            "parameters": {"type": "dict", "properties": {"z": {"type": "complex"}}}})
+        bad = {"type": "dict", "properties": {"z": {"type": "complex"}}}
+        ToolRegistry().add(bfcl.function_tool({"name": "f", "parameters": bad}))
+
+
+def test_registry_knows_json_schema_only():
+    # the registry keeps a standard schema as given (every keyword, key order), with one tidy rule:
+    # an object schema listing neither properties nor additionalProperties gets properties {}
+    params = {"type": "object", "properties": {"meta": {"type": "object", "description": "d"},
+                                               "xs": {"type": ["array"], "items": {"type": "integer"}},
+                                               "n": {"type": ["integer", "null"], "x-note": 1}},
+              "required": ["xs"]}
+    tool = ToolRegistry([{"name": "f", "parameters": params}]).get("f")
+    assert tool.parameters == {"type": "object", "properties": {
+        "meta": {"type": "object", "description": "d", "properties": {}},
+        "xs": {"type": "array", "items": {"type": "integer"}},
+        "n": {"type": ["integer", "null"], "x-note": 1}}, "required": ["xs"]}
+    assert params["properties"]["meta"] == {"type": "object", "description": "d"}  # the caller's dict stays
+    # BFCL's type names are BFCL's: a raw BFCL doc is read through agentspec_sdk.bfcl
+    with pytest.raises(ToolRegistryError, match=r"tool 'g': unknown JSON Schema type 'dict' \(one of \['a"):
+        ToolRegistry().add({"name": "g", "parameters": {"type": "dict", "properties": {}}})
+    with pytest.raises(ToolRegistryError, match=r"type 'float'.*\(at /properties/x/type\)"):
+        ToolRegistry().add({"name": "g", "parameters": {"type": "object",
+                                                        "properties": {"x": {"type": "float"}}}})
+    assert ToolRegistry().add(bfcl.function_tool({"name": "g", "parameters": {
+        "type": "dict", "properties": {"x": {"type": "float"}}}})).parameters == {
+        "type": "object", "properties": {"x": {"type": "number"}}}
 
 
 def test_duplicate_and_invalid_names():

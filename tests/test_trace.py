@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from agentspec_sdk import bfcl
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay import bfcl
 from agentspec_sdk.replay.record import bfcl_episode_stub, pick_entries
 from agentspec_sdk.replay.trace import (
     Episode,

@@ -3,11 +3,11 @@ import json
 import lark
 import pytest
 
-from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
-from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, AgentFormat
+from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError, TurnParseError
+from agentspec_sdk.structure.formats import CODE_AGENT, CODE_TOOL, REACT, TOOL_CALLS, AgentFormat
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar, turn_grammar_gbnf
-from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, TurnParseError, parse_turn
+from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, parse_calls, parse_turn
 
 
 def search(query: str, k: int = 3) -> str:
@@ -179,6 +179,49 @@ def test_tool_choice_variants(lark_parsers):
         turn_grammar(TOOL_CALLS, ToolRegistry(), tool_choice="required")
     with pytest.raises(ToolRegistryError, match="at least one tool"):
         tool_call_grammar(ToolRegistry())
+
+
+def test_call_only_shapes_are_arguments(lark_parsers):
+    one = turn_grammar(TOOL_CALLS, REGISTRY, tool_choice="call", single_call=True, dialect="lark")
+    call = '<tool_call>{"name":"search","arguments":{"query":"x"}}</tool_call>'
+    parser = lark.Lark(one, parser="earley")
+    assert _lark_accepts(parser, call)
+    assert not _lark_accepts(parser, call + call)  # "call" alone allows several; single_call one
+    assert _lark_accepts(lark.Lark(turn_grammar(TOOL_CALLS, REGISTRY, tool_choice="call", dialect="lark"),
+                                   parser="earley"), call + call)
+    assert not _lark_accepts(parser, "Hmm. " + call)
+    # the single call is the call object of tool_call_grammar inside the format's call markers
+    body = tool_call_grammar(REGISTRY).split("\n", 1)[1]
+    assert turn_grammar(TOOL_CALLS, REGISTRY, tool_choice="call", single_call=True) == \
+        'start: "<tool_call>" (turn_tool_call) "</tool_call>"\n' + body
+    acting = turn_grammar(REACT, REGISTRY, tool_choice="required", thought_chars=20)
+    assert acting.startswith('start: "Thought: " REACT_THOUGHT "\\n" "Action:" " "? turn_react_call')
+    assert acting.endswith("REACT_THOUGHT: /[^\\n]{1,20}/ & ~/(?s:.*(?:Action\\ Input:|Final\\ Answer:|"
+                           "Observation:|Thought:|Action:).*)/\n")
+    assert acting == turn_grammar(REACT, REGISTRY, tool_choice="call", thought_chars=20)
+    with pytest.raises(FormatError, match="single_call needs the 'tool_calls' layout and tool_choice='call'"):
+        turn_grammar(REACT, REGISTRY, tool_choice="call", single_call=True)
+    with pytest.raises(FormatError, match="tool_choice='auto'"):
+        turn_grammar(TOOL_CALLS, REGISTRY, single_call=True)
+    with pytest.raises(FormatError, match="thought_chars needs the 'react' layout"):
+        turn_grammar(REACT, REGISTRY, tool_choice="auto", thought_chars=20)
+    with pytest.raises(FormatError, match="thought_chars needs dialect='llguidance'"):
+        turn_grammar(REACT, REGISTRY, tool_choice="required", thought_chars=20, dialect="lark")
+    with pytest.raises(ValueError, match="thought_chars must be a positive int, not 0"):
+        turn_grammar(REACT, REGISTRY, tool_choice="required", thought_chars=0)
+    with pytest.raises(ToolRegistryError, match="at least one tool"):
+        turn_grammar(TOOL_CALLS, ToolRegistry(), tool_choice="call", single_call=True)
+    gbnf = turn_grammar_gbnf(TOOL_CALLS, REGISTRY, tool_choice="call", single_call=True)
+    assert gbnf.startswith('root ::= "<tool_call>" (turn_tool_call) "</tool_call>"\n')
+
+
+def test_parse_calls_has_one_error_behaviour():
+    text = 'ok <tool_call>{"name":"search","arguments":{"query":"x"}}</tool_call>'
+    assert parse_calls(TOOL_CALLS, text) == [ToolCall("search", {"query": "x"})]
+    assert parse_calls(CODE_AGENT, "```python\nprint(1)\n```") == [ToolCall(CODE_TOOL, {"code": "print(1)"})]
+    assert parse_calls(REACT, "Thought: done.\nFinal Answer: 4") == []
+    with pytest.raises(TurnParseError, match="tool call #1 at offset 0: malformed JSON"):
+        parse_calls(TOOL_CALLS, '<tool_call>{"name":"search","argu')
 
 
 def test_special_token_markers_use_llguidance_token_syntax():

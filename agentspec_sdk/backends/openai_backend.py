@@ -37,13 +37,7 @@ import openai
 from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.prom_metrics import subtract, summarize
 from agentspec_sdk.backends.prompts import chat_messages
-from agentspec_sdk.backends.remote_inspect import (
-    PROBE_GRAMMAR,
-    PROBE_PATTERN,
-    PlanFile,
-    ServerInspector,
-    parse_prometheus,
-)
+from agentspec_sdk.backends.remote_inspect import PlanFile, ServerInspector
 from agentspec_sdk.backends.remote_transport import Ledger, StreamReplay, Transport, field, int_list, seed_for
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
@@ -57,9 +51,6 @@ from agentspec_sdk.errors import BackendError, MalformedResponse
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.tools import ToolRegistry
-
-# Moved to remote_inspect / errors; still importable from here.
-__all__ = ["PROBE_GRAMMAR", "PROBE_PATTERN", "MalformedResponse", "RemoteEngine", "parse_prometheus"]
 
 
 class RemoteEngine(EngineBase):

@@ -178,8 +178,8 @@ def server_status(url: str) -> str:
 
     import httpx
 
-    from agentspec_sdk.backends.openai_backend import parse_prometheus
     from agentspec_sdk.backends.prom_metrics import parse_agentspec, summarize
+    from agentspec_sdk.backends.remote_inspect import parse_prometheus
 
     if not re.match(r"^https?://[^/\s]+", url or ""):
         raise AgentSpecError(f"--status needs the server's URL (http://host:port), got {url!r}")

@@ -26,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_sdk.backends.contract import EngineBase
-from agentspec_sdk.backends.engine_config import ABLATIONS, SPECULATION, EngineConfig
+from agentspec_sdk.backends.engine_config import (
+    CPU_BLOCK_SIZE,
+    PROPOSER_CLASS,
+    STOCK,
+    EngineConfig,
+    stock_speculative_config,
+)
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
-from agentspec_sdk.backends.prompts import chat_messages, format_instructions
+from agentspec_sdk.backends.prompts import chat_messages
 from agentspec_sdk.backends.scheduler_probe import SchedulerProbe
-from agentspec_sdk.backends.server import CPU_BLOCK_SIZE, PROPOSER_CLASS, STOCK, stock_speculative_config
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
@@ -48,10 +53,6 @@ from agentspec_sdk.structure.formats import AgentFormat, format_names, get_forma
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
-
-# Moved to backends/types.py, prompts.py, engine_config.py; still importable from here.
-__all__ = ["ABLATIONS", "MAX_PASS_LOG", "SPECULATION", "Engine", "EngineConfig", "StreamEvent", "TurnRequest",
-           "TurnResult", "chat_messages", "format_instructions"]
 
 MAX_PASS_LOG = 1_000_000
 

@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from agentspec_sdk.backends.prom_metrics import proposer_metrics
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
+from agentspec_sdk.drafting.rows import RowInput
 
 log = logging.getLogger("agentspec.backends")
 KEEP_ROUNDS = 10_000  # rounds kept in memory for in-process inspection; counters and metrics keep the rest

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from agentspec_sdk import law
-from agentspec_sdk.backends.server import STOCK
+from agentspec_sdk.backends.engine_config import STOCK
 from agentspec_sdk.law.cost_fits import STEP_PRICE_MIN_STEPS
 from agentspec_sdk.replay.passes import passes_from_steps
 

@@ -57,7 +57,7 @@ class _Progress:
 
 
 def _table(report: dict) -> str:
-    from agentspec_sdk.replay.report import markdown
+    from agentspec_sdk.replay.render import markdown
 
     return markdown(report)
 

@@ -17,9 +17,9 @@ from importlib import resources
 
 from agentspec_sdk.bfcl import ToolRun
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay.loop import CODE_TOOL  # code runs are recorded as tool turns of this name
 from agentspec_sdk.replay.sandbox import Sandbox, SandboxLimits
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.structure.formats import CODE_TOOL  # code runs are recorded as tool turns of this name
 
 LICENSE = "MIT"
 DATASET_URL = "https://github.com/openai/human-eval"

@@ -8,22 +8,24 @@ with the agent marked idle on the engine while the tool "runs".
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentspec_sdk.errors import PromptTooLong, TurnParseError
 from agentspec_sdk.replay.trace import Episode, Turn
-from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels  # noqa: F401 (re-exported)
+from agentspec_sdk.structure.formats import get_format
+from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels
+from agentspec_sdk.structure.tools import ToolRegistry
+from agentspec_sdk.structure.turn_grammar import turn_grammar
+from agentspec_sdk.structure.turns import parse_calls
 
 if TYPE_CHECKING:
     from agentspec_sdk.backends.contract import AgentEngine
 
 TURN_TIMEOUT_S = 900.0  # a turn the engine never answers fails the run instead of hanging it
-CODE_TOOL = "python"  # a code agent's code block is a call of this tool with arguments {"code": …}
 
 
 @dataclass
@@ -71,8 +73,6 @@ class TurnLog:
 def is_too_long(error: str | None) -> bool:
     """A turn refused because its prompt does not fit: the embedded engine's errors.PromptTooLong
     ("PromptTooLong: ...") or a vLLM server's 400 ("This model's maximum context length is ...")."""
-    from agentspec_sdk.errors import PromptTooLong
-
     return bool(error) and (error.startswith(PromptTooLong.__name__) or "maximum context length is" in error)
 
 
@@ -81,29 +81,14 @@ def tool_message(result: str) -> dict:
     return {"role": "tool", "content": result}
 
 
-def parse_calls(fmt: str, text: str) -> list[dict]:
-    """Tool calls of a turn as [{"name", "arguments"}] via structure.parse_turn; a call cut off by
-    max_tokens (malformed JSON) is not executed. A code agent's code block is one call of
-    `CODE_TOOL` with {"code": the block's text}."""
-    from agentspec_sdk.structure.turns import TurnParseError, parse_turn
-
+def turn_calls(fmt: str, text: str) -> list[dict]:
+    """The calls the loop executes for one turn, as [{"name", "arguments"}] (`structure.turns.parse_calls`:
+    a code agent's block is one call of `CODE_TOOL`). A turn with a malformed call (cut off by
+    max_tokens) executes none: the parse error is the turn's outcome, not the run's."""
     try:
-        parsed = parse_turn(fmt, text)
+        return [call.to_dict() for call in parse_calls(fmt, text)]
     except TurnParseError:
         return []
-    calls = []
-    for call in getattr(parsed, "tool_calls", []) or []:
-        name = call["name"] if isinstance(call, dict) else call.name
-        args = call.get("arguments", {}) if isinstance(call, dict) else call.arguments
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = {}
-        calls.append({"name": name, "arguments": args if isinstance(args, dict) else {}})
-    if getattr(parsed, "code", None):
-        calls.append({"name": CODE_TOOL, "arguments": {"code": parsed.code}})
-    return calls
 
 
 def _hash(ids: Any) -> str:
@@ -117,46 +102,15 @@ def tool_choice_policy(step: int, steps: int) -> str:
     return "call" if step < steps - 1 else "auto"
 
 
-def call_first_grammar(fmt: str, tools: list[dict]) -> str:
-    """One tool call and nothing else: the format's call markers around `tool_call_grammar`."""
-    import re
-
-    from agentspec_sdk.structure.formats import get_format
-    from agentspec_sdk.structure.tools import ToolRegistry
-    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
-
-    kind = get_format(fmt).kind("tool_call")
-    body = tool_call_grammar(ToolRegistry(list(tools)))
-    head = re.match(r"start:\s*(.+)\n", body)
-    if head is None:
-        raise ValueError("tool_call_grammar returned no start rule")
-    return (f"start: {json.dumps(kind.open[0])} ({head.group(1)}) {json.dumps(kind.close[0])}\n"
-            + body[head.end():])
-
-
 THOUGHT_CHARS = 200  # a ReAct turn that must act thinks one line of at most this many characters
 
 
-def react_call_grammar(fmt: str, tools: list[dict]) -> str:
-    """A ReAct turn that must act: `Thought: `, one line of thought (at most THOUGHT_CHARS characters,
-    no marker), then `Action:` one of the tools' names, `Action Input:` its arguments; the turn ends
-    there (where `Observation:` would begin). The counterpart of `call_first_grammar`: a free Thought
-    lets a 135M model talk to max_tokens without ever writing `Action:`."""
-    from agentspec_sdk.structure.formats import get_format
-    from agentspec_sdk.structure.tools import ToolRegistry
-    from agentspec_sdk.structure.turn_grammar import turn_grammar
-
-    f = get_format(fmt)
-    body = turn_grammar(f, ToolRegistry(list(tools)), tool_choice="required")
-    head, _, rest = body.partition("\n")
-    if not head.startswith("start:"):
-        raise ValueError(f"unexpected first line of the ReAct turn grammar: {head!r}")
-    markers = sorted((m for k in f.kinds for m in k.open), key=lambda m: (-len(m), m))
-    avoid = "|".join(re.escape(m) for m in markers)
-    thought = json.dumps(f.kind(f.initial).open[0] + " ")
-    action = json.dumps(f.kind("action").open[0])
-    return (f'start: {thought} REACT_THOUGHT "\\n" {action} " "? turn_react_call "\\n"?\n{rest}'
-            f"REACT_THOUGHT: /[^\\n]{{1,{THOUGHT_CHARS}}}/ & ~/(?s:.*(?:{avoid}).*)/\n")
+def call_shape(layout: str | None) -> dict[str, Any]:
+    """The policy's "call" turn per layout, as `turn_grammar` arguments: in the tool-call layout one
+    call and nothing else; in ReAct `Thought: `, one line of thought (a free Thought lets a 135M model
+    talk to max_tokens without ever writing `Action:`), then the action; the code layout has no
+    call-only shape ("call" means "required" there)."""
+    return {"tool_calls": {"single_call": True}, "react": {"thought_chars": THOUGHT_CHARS}}.get(layout, {})
 
 
 class GrammarCache:
@@ -169,26 +123,17 @@ class GrammarCache:
     def get(self, episode: Episode, choice: str) -> str | None:
         """None when the episode has no tools (no grammar), except for code agents, whose code block
         needs none. "call" is one call and nothing else in the tool-call layout; the ReAct and code
-        layouts have no call-only shape, so there it means "required" (Thought, then the action)."""
-        from agentspec_sdk.structure.formats import get_format
-
+        layouts have no call-only shape, so there it means "required" (Thought, then the action);
+        see `call_shape`."""
         layout = get_format(episode.format).layout
         if not episode.tools and layout != "code_agent":
             return None
         key = (episode.id, episode.format, choice)
         with self._lock:
             if key not in self._cache:
-                from agentspec_sdk.structure.tools import ToolRegistry
-                from agentspec_sdk.structure.turn_grammar import turn_grammar
-
-                if choice == "call" and layout == "tool_calls":
-                    grammar = call_first_grammar(episode.format, episode.tools)
-                elif choice == "call" and layout == "react":
-                    grammar = react_call_grammar(episode.format, episode.tools)
-                else:
-                    grammar = turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
-                                           tool_choice=choice)
-                self._cache[key] = grammar
+                shape = call_shape(layout) if choice == "call" else {}
+                self._cache[key] = turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
+                                                tool_choice=choice, **shape)
             return self._cache[key]
 
 
@@ -226,7 +171,7 @@ def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, cla
                               grammar=step_grammar, max_tokens=max_tokens, temperature=temperature,
                               request_id=f"{agent}/{seg}/{step}", agent_id=agent)
             res = engine.submit(req).result(timeout=TURN_TIMEOUT_S)
-            calls = parse_calls(episode.format, res.text) if res.error is None else []
+            calls = turn_calls(episode.format, res.text) if res.error is None else []
             labels = classifier.labels(res.text, list(res.token_ids), list(res.spans or []))
             log = TurnLog(
                 episode=agent, segment=seg, step=step, text=res.text, output_tokens=len(res.token_ids),

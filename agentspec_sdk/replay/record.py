@@ -20,8 +20,9 @@ from typing import Any
 from agentspec_sdk import bfcl
 from agentspec_sdk.errors import TraceError
 from agentspec_sdk.replay import humaneval
-from agentspec_sdk.replay.loop import Observation, TokenClassifier, TurnLog, run_episode
+from agentspec_sdk.replay.loop import Observation, TurnLog, run_episode
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.structure.token_labels import TokenClassifier
 
 SOURCES = ("bfcl-multi-turn", "humaneval")
 FORMAT = "tool_calls"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_sdk import law
-from agentspec_sdk.law import CLASSES
+from agentspec_sdk.law.closed_forms import CLASSES
 
 
 def _f(x: Any, spec: str = ".2f") -> str:
@@ -16,12 +16,23 @@ def _f(x: Any, spec: str = ".2f") -> str:
 
 
 def markdown(report: Mapping) -> str:
+    """report.md: the runs, the peers, the fitted law, predicted against measured speedups, verdicts,
+    the lossless check and the speculate-or-not decisions."""
     lines = [f"# AgentSpec report{' (PARTIAL: interrupted)' if report.get('partial') else ''}", ""]
     meta = report.get("meta", {})
     lines.append(f"Model: {meta.get('model', '?')} · machine: {meta.get('platform', '?')}, "
                  f"{meta.get('cpus', '?')} CPUs · seed {meta.get('seed', '?')} · versions: "
                  + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()))
-    lines += ["", "## Runs", "",
+    lines += _run_lines(report)
+    lines += _peer_lines(report)
+    lines += _fit_lines(report)
+    lines += _check_lines(report)
+    lines += _outcome_lines(report)
+    return "\n".join(lines) + "\n"
+
+
+def _run_lines(report: Mapping) -> list[str]:
+    lines = ["", "## Runs", "",
               "| arm | mode | γ | b | cache | class | tokens | drafted | accepted | τ (mean acc./round) "
               "| decode tok/s | e2e s | speedup decode | speedup e2e | pred. τ | pred. s | w_S | w_S* |",
               "|" + "---|" * 18]
@@ -41,7 +52,11 @@ def markdown(report: Mapping) -> str:
                 lines.append(f"| | | | | | {c} | {b.get('tokens', 0)} | {b.get('drafted', 0)} | "
                              f"{b.get('accepted', 0)} "
                              f"| {_f(b.get('tau_mean'))} | | | | | {_f(pt)} | | {_f(r['w'].get(c))} | |")
-    lines += _peer_lines(report)
+    return lines
+
+
+def _fit_lines(report: Mapping) -> list[str]:
+    lines: list[str] = []
     fit = report.get("law_fit")
     if fit:
         lines += ["", "## Fitted law", "",
@@ -55,6 +70,11 @@ def markdown(report: Mapping) -> str:
                          f"round, δ = {lw['delta']:.3f}, d = {lw['d']:.3f}): w_S* exact "
                          f"{_share(lw, 'exact')}, small-ε̄ approx {_share(lw, 'approx')}")
         lines += _cost_model_lines(fit.get("costs") or {})
+    return lines
+
+
+def _check_lines(report: Mapping) -> list[str]:
+    lines: list[str] = []
     checks = [(r, r["predicted"]["check"]) for r in report.get("runs", [])
               if (r.get("predicted") or {}).get("check")]
     if checks:
@@ -76,7 +96,11 @@ def markdown(report: Mapping) -> str:
                          f"| {_ms(sp.get('predicted'))}/{_ms(sp.get('measured'))} "
                          f"| {_ms(op.get('predicted'))}/{_ms(op.get('measured'))} | "
                          f"{_f(out.get('measured'))} |")
-    lines += ["", "## Verdicts", ""]
+    return lines
+
+
+def _outcome_lines(report: Mapping) -> list[str]:
+    lines = ["", "## Verdicts", ""]
     for v in report.get("verdicts", []):
         lines.append(f"- **{v['name']}**: {v['status']} — {v['text']}")
     ll = report.get("lossless", {})
@@ -97,7 +121,7 @@ def markdown(report: Mapping) -> str:
                 else " (decode, whole arm)"
             lines.append(f"- arm {d['arm']}, {d['class']}: **{what}** — saving predicted "
                          f"{_f(d['saving_predicted'])}, measured {_f(d['saving_measured'])}{extra}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _peer_lines(report: Mapping) -> list[str]:

@@ -26,8 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentspec_sdk.replay.loop import Observation, TokenClassifier, TurnLog, run_episode
+from agentspec_sdk.replay.loop import Observation, TurnLog, run_episode
 from agentspec_sdk.replay.trace import Episode
+from agentspec_sdk.structure.token_labels import TokenClassifier
 
 
 def canonical(arguments: dict) -> str:

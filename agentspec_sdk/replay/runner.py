@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentspec_sdk.errors import BackendError
+from agentspec_sdk.replay.aggregate import summarize
 from agentspec_sdk.replay.arms import PROSE, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.passes import PASS_LOGS, write_logs
 from agentspec_sdk.replay.replayer import replay
-from agentspec_sdk.replay.report import build_report, summarize, write_report
+from agentspec_sdk.replay.report import build_report, write_report
 
 if TYPE_CHECKING:
     from agentspec_sdk.backends.contract import AgentEngine
@@ -293,13 +294,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
     steps: dict[tuple, list[dict]] = {}
     passes: dict[tuple, list[dict]] = {}
     starts: dict[str, float] = {}
-    meta = {**plan.meta, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
-            "arms": [a.name for a in plan.arms], "batches": plan.batches,
-            "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
-            "enforce_eager": plan.enforce_eager,
-            "engine_process": "in-process" if engine_factory is not None
-            else f"one spawned process per config, up to {MAX_LIVE_ENGINES} alive, their runs interleaved"}
-
+    meta = _plan_meta(plan, starts, in_process=engine_factory is not None)
     entropies: dict[str, list[float]] = {}
 
     order = {(c.mode, c.gamma, c.prefix_cache): i for i, c in enumerate(plan.configs)}
@@ -336,43 +331,71 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
 
     try:
         if engine_factory is None:
-            # fresh engines per batch size: a second batch size on the same engine would replay the
-            # very prompts it has just answered (prefix cache warm, suffix trees holding the outputs)
-            for b in plan.batches:
-                for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
-                    group = plan.configs[at:at + MAX_LIVE_ENGINES]
-                    if on_status:
-                        on_status(f"starting engines (b={b}): {', '.join(_label(c) for c in group)}")
-                    _measure_interleaved(plan, group, handler, lambda: report(partial=True), [b])
-        # in-process engines (tests, a custom backend): one after another, fresh per batch size too
-        in_process = [(b, c) for b in plan.batches for c in plan.configs] if engine_factory else []
-        for b, cfg in in_process:
-            if on_status:
-                on_status(f"starting engine: {_label(cfg)} (b={b})")
-            t0 = time.perf_counter()
-            engine = engine_factory(plan, cfg)
-            try:
-                measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0, [b])
-            finally:
-                engine.close()
-            report(partial=True)
+            _measure_spawned(plan, handler, lambda: report(partial=True), on_status)
+        else:
+            _measure_in_process(plan, engine_factory, tokenizer, handler, lambda: report(partial=True),
+                                on_status)
         if plan.entropies and engine_factory is None:
-            from agentspec_sdk.backends.target_entropy import class_entropies
-
-            if on_status:
-                on_status("entropies of the target per class")
-            t0 = time.perf_counter()
-            try:
-                # shortest turns first: under a token bound every class (a prose slice too) gets scored
-                off_logs = sorted((log for (key, mode), ls in logs.items() if mode == "off" for log in ls),
-                                  key=lambda log: len(log.prompt_ids) + len(log.token_ids))
-                bound = {"max_tokens": plan.entropy_tokens} if plan.entropy_tokens else {}
-                entropies.update(class_entropies(plan.model, off_logs, **bound))
-            except Exception as exc:  # the timed results stand without them; the report says why
-                meta["entropy_error"] = f"{type(exc).__name__}: {exc}"
-            meta["entropy_s"] = time.perf_counter() - t0
-            meta["entropy_positions"] = {c: len(h) for c, h in entropies.items()}
+            _measure_entropies(plan, logs, entropies, meta, on_status)
     except KeyboardInterrupt:
         report(partial=True)
         raise
     return report(partial=False)
+
+
+def _plan_meta(plan: Plan, starts: dict[str, float], *, in_process: bool) -> dict:
+    return {**plan.meta, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
+            "arms": [a.name for a in plan.arms], "batches": plan.batches,
+            "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
+            "enforce_eager": plan.enforce_eager,
+            "engine_process": "in-process" if in_process
+            else f"one spawned process per config, up to {MAX_LIVE_ENGINES} alive, their runs interleaved"}
+
+
+def _measure_spawned(plan: Plan, handler: Callable, partial_report: Callable[[], Any],
+                     on_status: Callable[[str], None] | None) -> None:
+    # fresh engines per batch size: a second batch size on the same engine would replay the
+    # very prompts it has just answered (prefix cache warm, suffix trees holding the outputs)
+    for b in plan.batches:
+        for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
+            group = plan.configs[at:at + MAX_LIVE_ENGINES]
+            if on_status:
+                on_status(f"starting engines (b={b}): {', '.join(_label(c) for c in group)}")
+            _measure_interleaved(plan, group, handler, partial_report, [b])
+
+
+def _measure_in_process(plan: Plan, engine_factory: Callable[[Plan, ModeConfig], Any], tokenizer: Any,
+                        handler: Callable, partial_report: Callable[[], Any],
+                        on_status: Callable[[str], None] | None) -> None:
+    # in-process engines (tests, a custom backend): one after another, fresh per batch size too
+    for b, cfg in [(b, c) for b in plan.batches for c in plan.configs]:
+        if on_status:
+            on_status(f"starting engine: {_label(cfg)} (b={b})")
+        t0 = time.perf_counter()
+        engine = engine_factory(plan, cfg)
+        try:
+            measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0, [b])
+        finally:
+            engine.close()
+        partial_report()
+
+
+def _measure_entropies(plan: Plan, logs: dict[tuple, list[TurnLog]], entropies: dict[str, list[float]],
+                       meta: dict, on_status: Callable[[str], None] | None) -> None:
+    """The target's entropies per law class over the `off` turns, into `entropies`; a failure is
+    written to `meta` (the timed results stand without them)."""
+    from agentspec_sdk.backends.target_entropy import class_entropies
+
+    if on_status:
+        on_status("entropies of the target per class")
+    t0 = time.perf_counter()
+    try:
+        # shortest turns first: under a token bound every class (a prose slice too) gets scored
+        off_logs = sorted((log for (key, mode), ls in logs.items() if mode == "off" for log in ls),
+                          key=lambda log: len(log.prompt_ids) + len(log.token_ids))
+        bound = {"max_tokens": plan.entropy_tokens} if plan.entropy_tokens else {}
+        entropies.update(class_entropies(plan.model, off_logs, **bound))
+    except Exception as exc:  # the timed results stand without them; the report says why
+        meta["entropy_error"] = f"{type(exc).__name__}: {exc}"
+    meta["entropy_s"] = time.perf_counter() - t0
+    meta["entropy_positions"] = {c: len(h) for c, h in entropies.items()}

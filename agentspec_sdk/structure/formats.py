@@ -32,6 +32,7 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
 }
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 FENCE = "```"
+CODE_TOOL = "python"  # the code-agent layout's code block is a call of this tool, arguments {"code": …}
 
 
 class LawClass(StrEnum):

@@ -1,4 +1,8 @@
-"""Tool registry: tools from callables, pydantic models, OpenAI dicts, LangChain tools, BFCL docs."""
+"""Tool registry: tools from callables, pydantic models, OpenAI tool dicts and LangChain tools.
+
+Parameter schemas are JSON Schema. Sources with their own type names (BFCL's "dict", "float", ...) are
+read by their own module, which hands standard tool dicts to the registry (`agentspec_sdk.bfcl`).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from typing import Any
 
 import pydantic
 
-from agentspec_sdk.bfcl import normalise_bfcl_schema
 from agentspec_sdk.errors import InvalidSchema, ToolRegistryError
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -21,6 +24,8 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONES = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+JSON_TYPES = frozenset({"array", "boolean", "integer", "null", "number", "object", "string"})
+_SUB_SCHEMAS = ("items", "additionalProperties", "additionalItems", "not")
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ class ToolRegistry:
     # -- adding -------------------------------------------------------------------------------
 
     def add(self, obj: Any, *, name: str | None = None, description: str | None = None) -> Tool:
-        """Register a callable, pydantic model, OpenAI tool dict, LangChain tool, BFCL doc or Tool."""
+        """Register a callable, pydantic model, OpenAI tool dict (or a plain {"name", "description",
+        "parameters"} dict), LangChain tool or Tool."""
         tool = to_tool(obj, name=name, description=description)
         if tool.name in self._tools:
             raise ToolRegistryError(f"duplicate tool name {tool.name!r}")
@@ -112,7 +118,7 @@ class ToolRegistry:
 
     @classmethod
     def from_json(cls, data: str | bytes | list | Mapping) -> ToolRegistry:
-        """Read `to_json` output; also a `{"tools": [...]}` object, OpenAI, plain or BFCL dicts."""
+        """Read `to_json` output; also a `{"tools": [...]}` object, OpenAI or plain tool dicts."""
         if isinstance(data, str | bytes):
             try:
                 data = json.loads(data)
@@ -157,7 +163,7 @@ def to_tool(obj: Any, *, name: str | None = None, description: str | None = None
     else:
         raise ToolRegistryError(
             f"cannot make a tool from {type(obj).__name__}: expected a callable, pydantic model, "
-            "OpenAI tool dict, LangChain tool or BFCL function doc"
+            "OpenAI tool dict or LangChain tool"
         )
     if name is not None or description is not None:
         tool = Tool(name or tool.name, tool.description if description is None else description,
@@ -185,10 +191,50 @@ def _from_dict(d: Mapping[str, Any]) -> Tool:
     if not isinstance(params, Mapping):
         raise ToolRegistryError(f"tool {name!r}: parameters must be an object, got {type(params).__name__}")
     try:
-        params = normalise_bfcl_schema(params)
+        params = tidy_schema(params)
     except InvalidSchema as exc:
         raise ToolRegistryError(f"tool {name!r}: {exc}") from None
     return Tool(name, str(d.get("description", "")), params)
+
+
+def tidy_schema(schema: Any, pointer: str = "") -> Any:
+    """A copy of a tool dict's parameter schema as the registry keeps it: every keyword kept; each
+    `type` one of JSON Schema's seven names or a list of them (a list of one is written as the name;
+    `InvalidSchema` naming the path otherwise); an object schema that lists neither `properties`
+    nor `additionalProperties` gets `properties: {}` (the turn grammar then closes it: an argument
+    of a declared object holds the keys it declares). Walks properties, $defs, definitions,
+    patternProperties, items, prefixItems, additionalProperties, additionalItems, not, anyOf, oneOf
+    and allOf."""
+    if isinstance(schema, bool):
+        return schema
+    if not isinstance(schema, dict):
+        raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer)
+    out = {}
+    for key, value in schema.items():
+        if key == "type":
+            out["type"] = _json_type(value, pointer)
+        elif key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {name: tidy_schema(sub, f"{pointer}/{key}/{name}") for name, sub in value.items()}
+        elif key in _SUB_SCHEMAS and isinstance(value, dict | bool):
+            out[key] = tidy_schema(value, f"{pointer}/{key}")
+        elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf") and isinstance(value, list):
+            out[key] = [tidy_schema(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(value)]
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["properties"] = {}
+    return out
+
+
+def _json_type(value: Any, pointer: str) -> str | list[str]:
+    names = value if isinstance(value, list) else [value]
+    for name in names:
+        if not isinstance(name, str):
+            raise InvalidSchema(f"type must be a string, got {name!r}", f"{pointer}/type")
+        if name not in JSON_TYPES:
+            raise InvalidSchema(f"unknown JSON Schema type {name!r} (one of {sorted(JSON_TYPES)})",
+                                f"{pointer}/type")
+    return names[0] if len(names) == 1 else list(names)
 
 
 def _from_model(model: type[pydantic.BaseModel]) -> Tool:

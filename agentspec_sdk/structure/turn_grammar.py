@@ -10,6 +10,11 @@ Markers are literal; a tool call is the union over tools of
 final answers, code bodies) may be any text that does not contain a marker the segmenter would
 split on; the model's turn ends where the environment's segment would begin.
 
+Every variant of a turn is built here from arguments: `tool_choice` ("auto", "required", "none",
+"call"), `single_call` (the tool-call layout's call-only turn is exactly one call in its markers) and
+`thought_chars` (a ReAct turn that must act: one line of thought of at most that many characters, then
+the action). Callers never edit the grammar text.
+
 llguidance's lexer is greedy and does not give bytes back, so free text and the marker that ends it
 are one lexeme (``text + marker``, with the text's marker-freedom written as ``& ~/…/``). Python lark
 gets the same lexeme as a regex with a negative lookahead; xgrammar gets right-linear rules from the
@@ -19,7 +24,9 @@ marker automaton (it parses non-deterministically, so text and marker can stay a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
@@ -28,12 +35,6 @@ from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.grammar_ir import Lit, to_regex
 from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
-from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, TurnParseError, parse_turn
-
-__all__ = [
-    "ParsedTurn", "ToolCall", "TurnParseError", "parse_turn",  # re-exported: the façade names them here
-    "tool_call_grammar", "turn_grammar", "turn_grammar_gbnf",
-]
 
 Dialect = Literal["llguidance", "lark", "gbnf"]
 ToolChoice = Literal["auto", "required", "none", "call"]  # "call": tool calls only, no text first
@@ -52,18 +53,26 @@ def turn_grammar(
     special_tokens: Sequence[str] = (),
     relax: Sequence[str] = (),
     closed: bool = True,
+    single_call: bool = False,
+    thought_chars: int | None = None,
 ) -> str:
     """Lark text for one model turn of `fmt` with the tools of `registry`.
 
     `special_tokens`: markers that are single special tokens in the target tokenizer (e.g. Qwen's
     ``<tool_call>``); llguidance must then see them as ``<tool_call>`` (token syntax), not as text.
+    `single_call` (layout ``tool_calls``, ``tool_choice="call"``): the turn is one call in the call
+    markers and nothing else. `thought_chars` (layout ``react``, a turn that must act, llguidance
+    only): the turn starts with the thought marker, one line of at most that many characters without
+    a marker, then the action and its input; it ends there.
     """
     if dialect not in ("llguidance", "lark"):
         raise ValueError(f"dialect must be 'llguidance' or 'lark', not {dialect!r}")
     if special_tokens and dialect == "lark":
         raise FormatError("python lark has no special-token syntax; use dialect='llguidance'")
-    return _build(fmt, _tools(registry), whitespace, tool_choice, dialect, tuple(special_tokens),
-                  tuple(relax), closed)
+    if thought_chars is not None and dialect != "llguidance":
+        raise FormatError("thought_chars needs dialect='llguidance' (its line is an llguidance lexeme)")
+    shape = _Shape(tool_choice, whitespace, tuple(relax), single_call, thought_chars)
+    return _build(fmt, _tools(registry), shape, dialect, tuple(special_tokens), closed)
 
 
 def turn_grammar_gbnf(
@@ -74,9 +83,11 @@ def turn_grammar_gbnf(
     tool_choice: ToolChoice = "auto",
     relax: Sequence[str] = (),
     closed: bool = True,
+    single_call: bool = False,
 ) -> str:
     """The same turn grammar in xgrammar's EBNF (root rule ``root``; special tokens are text there)."""
-    return _build(fmt, _tools(registry), whitespace, tool_choice, "gbnf", (), tuple(relax), closed)
+    shape = _Shape(tool_choice, whitespace, tuple(relax), single_call, None)
+    return _build(fmt, _tools(registry), shape, "gbnf", (), closed)
 
 
 def tool_call_grammar(
@@ -104,30 +115,63 @@ def _tools(registry: ToolRegistry | Iterable[Tool]) -> tuple[Tool, ...]:
     return tuple(registry.tools) if isinstance(registry, ToolRegistry) else tuple(registry)
 
 
-def _build(fmt, tools, whitespace, tool_choice, dialect, special, relax, closed) -> str:
+@dataclass(frozen=True)
+class _Shape:
+    """What a turn may hold, besides its format and tools (the arguments of `turn_grammar`)."""
+
+    choice: str
+    whitespace: str
+    relax: tuple[str, ...]
+    single_call: bool = False
+    thought_chars: int | None = None
+
+
+def _build(fmt, tools, shape: _Shape, dialect, special, closed) -> str:
     fmt = get_format(fmt)
-    if tool_choice not in ("auto", "required", "none", "call"):
-        raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or 'call', not {tool_choice!r}")
-    if fmt.layout is None:
-        raise FormatError(f"format {fmt.name!r} has no layout, so it has no turn grammar")
-    if not tools:
-        if tool_choice in ("required", "call") and fmt.layout != "code_agent":
-            raise ToolRegistryError("tool_choice='required' but no tools are registered (format "
-                                    f"{fmt.name!r})")
-        if fmt.layout != "code_agent":
-            tool_choice = "none"
-    if tool_choice == "call" and fmt.layout != "tool_calls":
-        tool_choice = "required"  # react / code turns have no call-only shape: require a call
+    shape = _checked(fmt, tools, shape)
     b = _Builder(dialect, special, closed=closed)
     avoid = tuple(m for k in fmt.kinds for m in k.open)
-    {"react": _react, "tool_calls": _tool_calls, "code_agent": _code}[fmt.layout](
-        b, fmt, tools, avoid, tool_choice, whitespace, relax
-    )
+    {"react": _react, "tool_calls": _tool_calls, "code_agent": _code}[fmt.layout](b, fmt, tools, avoid, shape)
     return b.render()
 
 
-def _tool_calls(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
+def _checked(fmt: AgentFormat, tools, shape: _Shape) -> _Shape:
+    """`shape` checked against the format and the tools, with the choice each layout really has."""
+    choice = shape.choice
+    if choice not in ("auto", "required", "none", "call"):
+        raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or 'call', not {choice!r}")
+    if fmt.layout is None:
+        raise FormatError(f"format {fmt.name!r} has no layout, so it has no turn grammar")
+    if shape.single_call and (fmt.layout != "tool_calls" or choice != "call"):
+        raise FormatError(f"single_call needs the 'tool_calls' layout and tool_choice='call' (format "
+                          f"{fmt.name!r} has layout {fmt.layout!r}, tool_choice={choice!r})")
+    if shape.thought_chars is not None:
+        if fmt.layout != "react" or choice not in ("required", "call"):
+            raise FormatError(f"thought_chars needs the 'react' layout and a turn that must act "
+                              f"(format {fmt.name!r} has layout {fmt.layout!r}, tool_choice={choice!r})")
+        if isinstance(shape.thought_chars, bool) or not isinstance(shape.thought_chars, int) \
+                or shape.thought_chars < 1:
+            raise ValueError(f"thought_chars must be a positive int, not {shape.thought_chars!r}")
+    if not tools:
+        if shape.single_call:
+            raise ToolRegistryError("no tools registered: a tool call grammar needs at least one tool")
+        if choice in ("required", "call") and fmt.layout != "code_agent":
+            raise ToolRegistryError("tool_choice='required' but no tools are registered (format "
+                                    f"{fmt.name!r})")
+        if fmt.layout != "code_agent":
+            choice = "none"
+    if choice == "call" and fmt.layout != "tool_calls":
+        choice = "required"  # react / code turns have no call-only shape: require a call
+    return _Shape(choice, shape.whitespace, shape.relax, shape.single_call, shape.thought_chars)
+
+
+def _tool_calls(b, fmt, tools, avoid, shape: _Shape) -> None:
     kind = fmt.kind("tool_call")
+    choice, whitespace, relax = shape.choice, shape.whitespace, shape.relax
+    if shape.single_call:  # one call in the call markers and nothing else
+        union = _call_union(b, tools, whitespace, relax)
+        b.rule(b.start, f"{b.lit(kind.open[0])} ({union}) {b.lit(kind.close[0])}")
+        return
     text = b.text(avoid)
     if choice == "none":
         b.rule(b.start, f"{text}?")
@@ -143,14 +187,16 @@ def _tool_calls(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
     b.rule(b.start, calls if choice == "required" else f"{text}? | {calls}")
 
 
-def _react(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
+def _react(b, fmt, tools, avoid, shape: _Shape) -> None:
+    choice = shape.choice
     text = b.text(avoid)
     steps = []
+    union = None
     if choice != "none":
         inp = fmt.kind("action_input").open[0]
         calls = []
         for i, tool in enumerate(tools):
-            args = _args_rule(b, i, tool, whitespace, relax)
+            args = _args_rule(b, i, tool, shape.whitespace, shape.relax)
             call = b.name(f"react_call_{i}")
             b.rule(call, f'{b.lit(tool.name)} "\\n" {b.lit(inp)} " "? {args}')
             calls.append(call)
@@ -165,10 +211,20 @@ def _react(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
     head = f"{b.lit(thought.open[0])}? " if thought.open else ""
     step = b.name("step")
     b.rule(step, " | ".join(steps))
-    b.rule(b.start, f"{head}{step}")
+    if shape.thought_chars is None:
+        b.rule(b.start, f"{head}{step}")
+        return
+    # One line of thought, then the action: a free thought lets a small model talk to max_tokens
+    # without ever acting. (The step rule above stays, unused, so that the rest of the text is the
+    # same as the free turn's.)
+    markers = "|".join(re.escape(m) for m in sorted(avoid, key=lambda m: (-len(m), m)))
+    action = b.lit(fmt.kind("action").open[0])
+    b.rule(b.start, f'{b.lit(thought.open[0] + " ")} REACT_THOUGHT "\\n" {action} " "? {union} "\\n"?')
+    b.tail.append(f"REACT_THOUGHT: /[^\\n]{{1,{shape.thought_chars}}}/ & ~/(?s:.*(?:{markers}).*)/\n")
 
 
-def _code(b, fmt, tools, avoid, choice, whitespace, relax) -> None:
+def _code(b, fmt, tools, avoid, shape: _Shape) -> None:
+    choice = shape.choice
     kind = fmt.kind("code")
     text = b.text(avoid)
     # the turn ends with the block (one optional newline): a model that would go on writing is not
@@ -251,6 +307,7 @@ class _Builder:
         self.start = "root" if dialect == "gbnf" else "start"
         self.rules: list[tuple[str, str]] = []
         self.extra: list[str] = []
+        self.tail: list[str] = []  # lines (each with its newline) after the schemas' rules
         self.schemas: dict[str, SchemaRules] = {}
         self._lexemes: dict[tuple, str] = {}
         self._automata: dict[tuple[str, ...], str] = {}
@@ -337,7 +394,7 @@ class _Builder:
         out = "\n".join(lines) + "\n"
         for rules in self.schemas.values():
             out += rules.gbnf if self.dialect == "gbnf" else rules.lark
-        return out
+        return out + "".join(self.tail)
 
 
 def _alts(avoid: Sequence[str]) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec_sdk.errors import TurnParseError
-from agentspec_sdk.structure.formats import FENCE, AgentFormat, get_format
+from agentspec_sdk.structure.formats import CODE_TOOL, FENCE, AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import Segmenter, Span
 
 
@@ -46,6 +46,22 @@ def parse_turn(fmt: AgentFormat | str, text: str) -> ParsedTurn:
             break
         parts.append((span, text[span.start : span.end]))
     return {"tool_calls": _tool_calls, "react": _react, "code_agent": _code}[fmt.layout](fmt, parts)
+
+
+def parse_calls(fmt: AgentFormat | str, text: str) -> list[ToolCall]:
+    """The calls of one model turn, in order: its tool calls (tool-call and ReAct layouts), and a code
+    agent's code block as one call of `CODE_TOOL` with arguments ``{"code": the block's text}``.
+
+    One error behaviour: a malformed call (e.g. JSON cut off at max_tokens, an action without its
+    input) raises `TurnParseError` naming the call and its offset, as `parse_turn` does. The caller
+    decides what such a turn means: the replay loop executes no call of it (the turn is logged and the
+    episode goes on to the next user message), the LangGraph chat model raises the error to its caller.
+    """
+    parsed = parse_turn(fmt, text)
+    calls = list(parsed.tool_calls)
+    if parsed.code:
+        calls.append(ToolCall(CODE_TOOL, {"code": parsed.code}))
+    return calls
 
 
 def _strip_markers(fmt: AgentFormat, span: Span, body: str) -> str:

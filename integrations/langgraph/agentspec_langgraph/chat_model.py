@@ -9,7 +9,6 @@ names a bound tool and carries schema-valid arguments.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,8 +28,8 @@ from agentspec_langgraph._sdk import AgentSpecError
 from agentspec_langgraph.messages import (
     RAW_TEXT_KEY,
     compact_json,
+    langchain_calls,
     new_call_id,
-    parse_calls,
     raw_record,
     to_engine_messages,
 )
@@ -199,7 +198,7 @@ class ChatAgentSpec(BaseChatModel):
         if not with_calls:
             return content, [], []
         try:
-            return content, parse_calls(self.fmt, text), []
+            return content, langchain_calls(self.fmt, text), []
         except AgentSpecError as exc:  # a turn cut at max_tokens inside a call, or no grammar
             cut = " (the turn hit max_tokens)" if finish_reason == "length" else ""
             bad = {"name": None, "args": text, "id": new_call_id(), "error": f"{exc}{cut}",
@@ -437,15 +436,10 @@ def _chosen_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> list[dic
 
 
 def _call_only_grammar(fmt: Any, registry: Any) -> str:
-    """One tool call and nothing else: the format's call markers around the SDK's call grammar."""
+    """One tool call and nothing else (the SDK's single-call turn grammar)."""
     if fmt.name != "tool_calls":
         raise AgentSpecError(f"reasoning=False needs the 'tool_calls' format, not {fmt.name!r}")
-    head, _, rules = _sdk.tool_call_grammar(registry).partition("\n")
-    if not head.startswith("start: "):
-        raise AgentSpecError(f"unexpected first line of the tool call grammar: {head!r}")
-    kind = fmt.kind("tool_call")
-    body = head.removeprefix("start: ")
-    return f"start: {json.dumps(kind.open[0])} {body} {json.dumps(kind.close[0])}\n{rules}"
+    return _sdk.turn_grammar(fmt, registry, tool_choice="call", single_call=True)
 
 
 def _grammar_choice(tool_choice: Any) -> str:

@@ -89,21 +89,15 @@ def to_engine_messages(messages: Sequence[BaseMessage], fmt: Any) -> list[dict[s
     return out
 
 
-def parse_calls(fmt: Any, text: str) -> list[dict[str, Any]]:
-    """The tool calls of one model turn, as LangChain tool-call dicts with fresh ids.
+def langchain_calls(fmt: Any, text: str) -> list[dict[str, Any]]:
+    """The calls of one model turn (the SDK's `parse_calls`: a code agent's block is one call of the
+    code tool, which the sandbox runs), as LangChain tool-call dicts with fresh ids.
 
     Raises the SDK's parse error (naming the call and offset) when a call is malformed, e.g. cut
     off at max_tokens.
     """
-    parsed = _sdk.parse_turn(_sdk.get_format(fmt), text)
-    calls = [
-        {"name": call.name, "args": dict(call.arguments), "id": new_call_id(), "type": "tool_call"}
-        for call in parsed.tool_calls
-    ]
-    if parsed.code:  # a code agent's block is one call of the code tool (the sandbox runs it)
-        calls.append({"name": _sdk.CODE_TOOL, "args": {"code": parsed.code}, "id": new_call_id(),
-                      "type": "tool_call"})
-    return calls
+    return [{"name": call.name, "args": dict(call.arguments), "id": new_call_id(), "type": "tool_call"}
+            for call in _sdk.parse_calls(_sdk.get_format(fmt), text)]
 
 
 def raw_record(fmt_name: str, text: str, calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
