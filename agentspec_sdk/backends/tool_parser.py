@@ -48,15 +48,16 @@ from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
+from agentspec_sdk.drafting.plan import PLAN_ENV
 from agentspec_sdk.errors import AgentSpecError, SchemaNotSupported, TurnParseError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.tools import ToolRegistry
-from agentspec_sdk.structure.turn_grammar import parse_turn, tool_call_grammar, turn_grammar
+from agentspec_sdk.structure.turn_grammar import turn_grammar
+from agentspec_sdk.structure.turns import parse_turn
 
 log = logging.getLogger("agentspec.backends")
 
 FORMAT_ENV = "AGENTSPEC_TOOL_FORMAT"  # a built-in format name, or a format's JSON dict
-PLAN_ENV = "AGENTSPEC_PLAN"
 PARSER_NAME = "agentspec"
 LAYOUTS = ("tool_calls", "react")  # the layouts whose turns carry tool calls an OpenAI client reads
 
@@ -101,15 +102,7 @@ def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any, parallel:
 def one_call(fmt: AgentFormat, registry: ToolRegistry) -> str:
     """Exactly one call block (tool_calls layout; a react turn is one call already but keeps its
     Thought, so it gets its required turn grammar)."""
-    if fmt.layout != "tool_calls":
-        return turn_grammar(fmt, registry, tool_choice="call")
-    kind = fmt.kind("tool_call")
-    body = tool_call_grammar(registry)
-    head, sep, rest = body.partition("start:")
-    if sep == "" or "start:" in rest:
-        return turn_grammar(fmt, registry, tool_choice="call")  # not the shape we know: several allowed
-    opener, closer = json.dumps(kind.open[0]), json.dumps(kind.close[0])
-    return f'start: {opener} "\\n"? agentspec_one_call "\\n"? {closer}\n{head}agentspec_one_call:{rest}'
+    return turn_grammar(fmt, registry, tool_choice="call", single_call=fmt.layout == "tool_calls")
 
 
 def registry_of(tools: list[dict]) -> ToolRegistry:
