@@ -99,6 +99,47 @@ def test_coverage_command_prints_the_json_contract(sample, checker):  # checker:
         assert counts["total"] == 1
 
 
+def test_coverage_command_defaults_to_the_repository_sample(checker):
+    """Without DIR the command reads tests/data/jsonschemabench: five datasets of 100 schemas, the
+    first (by name) of each read with --limit 1."""
+    from agentspec_sdk.cli import app
+    from agentspec_sdk.coverage.cli import SAMPLE
+
+    sample = Path(__file__).resolve().parent / "data" / "jsonschemabench"
+    assert SAMPLE == sample
+    assert {p.name: len(list(p.glob("*.json"))) for p in sample.iterdir() if p.is_dir()} == dict.fromkeys(
+        ("Github_easy", "Github_hard", "Github_medium", "Github_trivial", "Glaiveai2K"), 100)
+    result = CliRunner().invoke(app, ["coverage", "--json", "--limit", "1", "--seconds", "0"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])["datasets"]
+    assert sorted(report) == sorted(p.name for p in sample.iterdir() if p.is_dir())
+    assert {name: c["total"] for name, c in report.items()} == dict.fromkeys(report, 1)
+    assert report["Glaiveai2K"]["compiled"] == report["Glaiveai2K"]["xgrammar_ok"] == 1
+    assert report["Glaiveai2K"]["exact"] is None  # --seconds 0: no exactness checks
+
+
+SAMPLE_COMPILED = {"Glaiveai2K": 99, "Github_trivial": 92, "Github_easy": 95, "Github_medium": 93,
+                   "Github_hard": 77}
+
+
+def test_the_repository_sample_compiles_as_measured():
+    """The compiled counts of docs/schema_coverage.md's table (100 schemas per dataset, the files of
+    tests/data/jsonschemabench): a change of the compiler that moves one updates the table with it."""
+    from agentspec_sdk.errors import SchemaNotSupported
+    from agentspec_sdk.structure.schema_compiler import schema_rules
+
+    compiled = {}
+    for folder in sorted((Path(__file__).resolve().parent / "data" / "jsonschemabench").iterdir()):
+        compiled[folder.name] = 0
+        for path in sorted(folder.glob("*.json")):
+            try:
+                schema_rules(json.loads(path.read_text(encoding="utf-8")), "s")
+            except SchemaNotSupported:
+                continue
+            compiled[folder.name] += 1
+    assert compiled == SAMPLE_COMPILED
+
+
 def test_coverage_rejects_a_folder_without_datasets(tmp_path, checker):
     import typer
 
