@@ -5,7 +5,7 @@ Engine tests are marked `@pytest.mark.engine` and must run under the engine lock
 Both engines use the same settings, so outputs of `engine_off` and `engine_structure` are comparable.
 
 Skip policy (the hooks below): a test may skip only for an optional extra of pyproject.toml that is not
-installed, and says which, with a reason that starts `extra: NAME` (`pytest.importorskip(mod,
+installed, and says which, with a reason that holds `extra: NAME` (`pytest.importorskip(mod,
 reason="extra: cpu (...)")`). A skip naming an extra that is installed is a failure; any other skip
 (data, a package scripts/setup.sh installs, the machine) fails when AGENTSPEC_STRICT_SKIPS=1 (.ci/run
 sets it), so the CI cannot pass by skipping what the default install should run.
