@@ -7,9 +7,9 @@ from __future__ import annotations
 import typer
 
 from agentspec_sdk.backends.serve_cli import serve
+from agentspec_sdk.coverage.cli import coverage
 from agentspec_sdk.law.cli import app as law_app
 from agentspec_sdk.replay.cli import bench, demo, record, replay
-from agentspec_sdk.structure.cli import coverage
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, help=__doc__)
 for command in (demo, bench, record, replay, coverage, serve):

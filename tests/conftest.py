@@ -3,11 +3,23 @@
 Engine tests are marked `@pytest.mark.engine` and must run under the engine lock:
     flock /tmp/agentspec-engine.lock python -m pytest tests/test_x.py -q -m engine
 Both engines use the same settings, so outputs of `engine_off` and `engine_structure` are comparable.
+
+Skip policy (the hooks below): a test may skip only for an optional extra of pyproject.toml that is not
+installed, and says which, with a reason that holds `extra: NAME` (`pytest.importorskip(mod,
+reason="extra: cpu (...)")`). A skip naming an extra that is installed is a failure; any other skip
+(data, a package scripts/setup.sh installs, the machine) fails when AGENTSPEC_STRICT_SKIPS=1 (.ci/run
+sets it), so the CI cannot pass by skipping what the default install should run.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import os
+import re
+import tomllib
+from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +57,60 @@ def engine_off():
     engine = _start("off")
     yield engine
     engine.close()
+
+
+# ---------------------------------------------------------------- skip policy
+
+EXTRA = re.compile(r"\bextra: ([A-Za-z0-9_-]+)")
+
+
+@cache
+def _extras() -> dict[str, list[str]]:
+    """pyproject.toml's extras: name → the distributions each requires."""
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    return {name: [re.match(r"[A-Za-z0-9_.-]+", req).group(0) for req in reqs]
+            for name, reqs in project["optional-dependencies"].items()}
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def skip_problem(reason: str, *, strict: bool) -> str | None:
+    """Why a skip with this reason is not allowed (None: allowed)."""
+    found = EXTRA.search(reason)
+    if found is None:
+        return "a skip must name a missing extra ('extra: NAME')" if strict else None
+    name = found.group(1)
+    if name not in _extras():
+        return f"'{name}' is not an extra of pyproject.toml ({', '.join(sorted(_extras()))})"
+    if all(_installed(d) for d in _extras()[name]):
+        return f"the extra '{name}' is installed, so the test must run"
+    return None
+
+
+def _enforce(report) -> None:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    problem = skip_problem(reason, strict=os.environ.get("AGENTSPEC_STRICT_SKIPS") == "1")
+    if problem is not None:
+        report.outcome = "failed"
+        report.longrepr = f"skipped, not allowed: {problem} (tests/conftest.py skip policy); reason: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _enforce(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _enforce(outcome.get_result())

@@ -11,23 +11,25 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentspec_sdk.structure.cli import coverage_report
+from agentspec_sdk.coverage.cli import coverage_report
 
 
-def shared_data() -> Path:
+def data_root() -> Path:
+    """The repository's test data (tests/data, see its README); AGENTSPEC_SHARED_DATA may name a larger
+    local copy with the same layout."""
     env = os.environ.get("AGENTSPEC_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parent / "data"
 
 
-BENCH = shared_data() / "jsonschemabench"
-pytestmark = pytest.mark.skipif(not BENCH.is_dir(), reason=f"JSONSchemaBench not found at {BENCH}")
+BENCH = data_root() / "jsonschemabench"
 
 
 @pytest.fixture(scope="module")
 def checker():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
+    pytest.importorskip("hypothesis_jsonschema", reason="extra: dev (hypothesis-jsonschema not installed)")
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.structure.grammar_checks import GrammarChecker
+    from agentspec_sdk.coverage.grammar_checks import GrammarChecker
 
     return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
 
@@ -35,6 +37,7 @@ def checker():
 @pytest.fixture
 def sample(tmp_path):
     """Two real Glaive schemas, one real GitHub schema, and one the compiler must refuse."""
+    assert BENCH.is_dir(), f"JSONSchemaBench not found at {BENCH} (tests/data/README.md)"
     glaive = sorted((BENCH / "Glaiveai2K").glob("*.json"))[:2]
     github = sorted((BENCH / "Github_easy").glob("*.json"))[:1]
     for folder, files in (("Glaiveai2K", glaive), ("Github_easy", github)):
@@ -83,7 +86,7 @@ def test_no_exactness_checks_with_zero_seconds(sample, checker):
     assert datasets["Glaiveai2K"]["exact"] is None and datasets["Glaiveai2K"]["compiled"] == 1
 
 
-def test_coverage_command_prints_the_json_contract(sample):
+def test_coverage_command_prints_the_json_contract(sample, checker):  # checker: the extras it needs
     from agentspec_sdk.cli import app
 
     result = CliRunner().invoke(app, ["coverage", str(sample), "--json", "--limit", "1", "--seconds", "1"])
@@ -96,6 +99,47 @@ def test_coverage_command_prints_the_json_contract(sample):
         assert counts["total"] == 1
 
 
+def test_coverage_command_defaults_to_the_repository_sample(checker):
+    """Without DIR the command reads tests/data/jsonschemabench: five datasets of 100 schemas, the
+    first (by name) of each read with --limit 1."""
+    from agentspec_sdk.cli import app
+    from agentspec_sdk.coverage.cli import SAMPLE
+
+    sample = Path(__file__).resolve().parent / "data" / "jsonschemabench"
+    assert SAMPLE == sample
+    assert {p.name: len(list(p.glob("*.json"))) for p in sample.iterdir() if p.is_dir()} == dict.fromkeys(
+        ("Github_easy", "Github_hard", "Github_medium", "Github_trivial", "Glaiveai2K"), 100)
+    result = CliRunner().invoke(app, ["coverage", "--json", "--limit", "1", "--seconds", "0"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])["datasets"]
+    assert sorted(report) == sorted(p.name for p in sample.iterdir() if p.is_dir())
+    assert {name: c["total"] for name, c in report.items()} == dict.fromkeys(report, 1)
+    assert report["Glaiveai2K"]["compiled"] == report["Glaiveai2K"]["xgrammar_ok"] == 1
+    assert report["Glaiveai2K"]["exact"] is None  # --seconds 0: no exactness checks
+
+
+SAMPLE_COMPILED = {"Glaiveai2K": 99, "Github_trivial": 92, "Github_easy": 95, "Github_medium": 93,
+                   "Github_hard": 77}
+
+
+def test_the_repository_sample_compiles_as_measured():
+    """The compiled counts of docs/schema_coverage.md's table (100 schemas per dataset, the files of
+    tests/data/jsonschemabench): a change of the compiler that moves one updates the table with it."""
+    from agentspec_sdk.errors import SchemaNotSupported
+    from agentspec_sdk.structure.schema_compiler import schema_rules
+
+    compiled = {}
+    for folder in sorted((Path(__file__).resolve().parent / "data" / "jsonschemabench").iterdir()):
+        compiled[folder.name] = 0
+        for path in sorted(folder.glob("*.json")):
+            try:
+                schema_rules(json.loads(path.read_text(encoding="utf-8")), "s")
+            except SchemaNotSupported:
+                continue
+            compiled[folder.name] += 1
+    assert compiled == SAMPLE_COMPILED
+
+
 def test_coverage_rejects_a_folder_without_datasets(tmp_path, checker):
     import typer
 
@@ -106,7 +150,7 @@ def test_coverage_rejects_a_folder_without_datasets(tmp_path, checker):
 def test_completeness_finds_valid_instances_a_restricted_grammar_rejects(checker):
     """`closed=True` admits no undeclared keys, JSON Schema does: hypothesis-jsonschema's instances
     with extra keys are valid, llguidance rejects them, and the check reports one."""
-    from agentspec_sdk.structure.exactness import check_exactness
+    from agentspec_sdk.coverage.exactness import check_exactness
     from agentspec_sdk.structure.schema_compiler import schema_rules
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -123,7 +167,7 @@ def test_completeness_finds_valid_instances_a_restricted_grammar_rejects(checker
 def test_the_reference_reads_patterns_as_ecma_262():
     """hypothesis-jsonschema and jsonschema use Python's `re`, whose `\\d` matches "\u0966"; JSON
     Schema patterns are ECMA-262, where it does not (nor does the grammar)."""
-    from agentspec_sdk.structure.exactness import ascii_classes, ecma_reference, validator_for
+    from agentspec_sdk.coverage.exactness import ascii_classes, ecma_reference, validator_for
 
     assert ascii_classes(r"^\d[\w.]\\d\.$") == r"^[\x30-\x39][\x30-\x39\x41-\x5a\x5f\x61-\x7a.]\\d\.\Z"
     schema = {"type": "object", "properties": {"d": {"type": "string", "pattern": r"^\d+$"}},
@@ -152,10 +196,11 @@ def test_recursion_is_unrolled_to_instances_valid_under_the_original():
     no $ref whose instances the ORIGINAL schema's validator accepts (cut refs become `false`)."""
     import warnings
 
+    pytest.importorskip("hypothesis_jsonschema", reason="extra: dev (hypothesis-jsonschema not installed)")
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis_jsonschema import from_schema
 
-    from agentspec_sdk.structure.exactness import _hypothesis_compat, bounded_refs, validator_for
+    from agentspec_sdk.coverage.exactness import _hypothesis_compat, bounded_refs, validator_for
 
     _hypothesis_compat()
     assert bounded_refs({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}},
@@ -183,7 +228,7 @@ def test_recursion_is_unrolled_to_instances_valid_under_the_original():
 def test_completeness_runs_on_a_recursive_schema_and_can_fail(checker):
     """The unrolled instances are judged like any other: the tree's own grammar accepts them (exact);
     the grammar of a tree whose values must be 0 (a wrong grammar for TREE) rejects some."""
-    from agentspec_sdk.structure.exactness import check_exactness
+    from agentspec_sdk.coverage.exactness import check_exactness
 
     result = check_exactness(TREE, judges_of(checker, TREE), seconds=10.0)
     assert result.completeness_unchecked is None and result.completeness_checked > 0
@@ -207,7 +252,7 @@ def nested_object(depth: int, width: int) -> dict:
 def test_walks_finish_on_a_large_nested_object(checker):
     """Eight levels of required nesting, 12 optional properties each: the walks settle (close strings
     and objects, skip optional keys) and finish within the time; every finished one validates."""
-    from agentspec_sdk.structure.exactness import Exactness, _soundness, validator_for
+    from agentspec_sdk.coverage.exactness import Exactness, _soundness, validator_for
 
     schema = nested_object(8, 12)
     result = Exactness()
@@ -220,7 +265,7 @@ def test_walks_finish_on_a_large_nested_object(checker):
 def test_walks_find_texts_a_wrong_grammar_allows(checker):
     """A grammar for any integer, judged against `maximum: 3`: the walks (which only follow the
     mask) produce integers above 3, and soundness fails with one of them."""
-    from agentspec_sdk.structure.exactness import Exactness, _soundness, validator_for
+    from agentspec_sdk.coverage.exactness import Exactness, _soundness, validator_for
 
     schema = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 3}}, "required": ["a"],
               "additionalProperties": False}
@@ -242,7 +287,7 @@ def test_the_reference_reads_classes_dot_and_end_as_ecma_262(pattern, ecma_yes, 
     `^[\\w\\s-]+$` had hypothesis-jsonschema generate `\\x1c` as a "valid" instance."""
     import re
 
-    from agentspec_sdk.structure.exactness import ascii_classes
+    from agentspec_sdk.coverage.exactness import ascii_classes
 
     ecma = ascii_classes(pattern)
     assert [bool(re.search(ecma, t)) for t in ecma_yes] == [True] * len(ecma_yes)

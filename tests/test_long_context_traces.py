@@ -42,7 +42,6 @@ def test_slim_docs_are_unchanged_for_the_base_category():
     assert len(json.dumps(full)) > 1.5 * len(json.dumps(bfcl.entry_tools(entry)))
 
 
-@pytest.mark.skipif(not LONG.is_file(), reason="trace file not recorded yet")
 def test_shipped_long_context_traces():
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.prompts import chat_messages
@@ -71,7 +70,6 @@ def test_shipped_long_context_traces():
     assert prompts[-1] + episodes[0].meta["max_tokens"] <= 8192
 
 
-@pytest.mark.skipif(not LONG.is_file(), reason="trace file not recorded yet")
 @pytest.mark.parametrize("command", ["demo", "bench"])
 def test_demo_and_bench_take_the_trace_file(monkeypatch, tmp_path, command):
     from agentspec_sdk.replay import cli

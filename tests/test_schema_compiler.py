@@ -117,16 +117,16 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def checker():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.structure.grammar_checks import GrammarChecker
+    from agentspec_sdk.coverage.grammar_checks import GrammarChecker
 
     return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
 
 
 def verdicts_of(checker, schema, texts, **options) -> dict[str, dict[str, bool | None]]:
     """Each text under the three judges (lark, llguidance, xgrammar) of the schema's grammar."""
-    from agentspec_sdk.structure.grammar_checks import JUDGES
+    from agentspec_sdk.coverage.grammar_checks import JUDGES
 
     rules = schema_rules(schema, "s", **options)
     judges = checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")
@@ -468,7 +468,7 @@ def test_oneof_told_apart_by_keys_holds_for_objects_only(checker):
     Github_hard o17700, found by the soundness walks): the proof speaks of objects; a string or a
     number matches every branch, so oneOf rejects it. Two branches that constrain only objects:
     the oneOf is objects only. One such branch beside a typed one: not provably exclusive."""
-    from agentspec_sdk.structure.exactness import validator_for
+    from agentspec_sdk.coverage.exactness import validator_for
 
     schema = {"oneOf": [{"required": ["name"], "properties": {"name": {"enum": ["a"]}}},
                         {"required": ["name"],

@@ -9,15 +9,15 @@ import re
 
 import pytest
 
-from agentspec_sdk.structure.grammar_checks import JUDGES
+from agentspec_sdk.coverage.grammar_checks import JUDGES
 from agentspec_sdk.structure.schema_compiler import schema_rules
 
 
 @pytest.fixture(scope="module")
 def checker():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.structure.grammar_checks import GrammarChecker
+    from agentspec_sdk.coverage.grammar_checks import GrammarChecker
 
     return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
 

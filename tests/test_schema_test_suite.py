@@ -23,18 +23,19 @@ from pathlib import Path
 
 import pytest
 
+from agentspec_sdk.coverage.grammar_checks import JUDGES
 from agentspec_sdk.errors import SchemaNotSupported
-from agentspec_sdk.structure.grammar_checks import JUDGES
 from agentspec_sdk.structure.schema_compiler import canonical_texts, schema_rules
 
 
-def shared_data() -> Path:
+def data_root() -> Path:
+    """The repository's test data (tests/data, see its README); AGENTSPEC_SHARED_DATA may name a larger
+    local copy with the same layout."""
     env = os.environ.get("AGENTSPEC_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parent / "data"
 
 
-SUITE = shared_data() / "json-schema-test-suite"
-pytestmark = pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON-Schema-Test-Suite not found at {SUITE}")
+SUITE = data_root() / "json-schema-test-suite"
 
 
 # ---------------------------------------------------------------- the run
@@ -42,9 +43,9 @@ pytestmark = pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON-Schema-Test-Su
 
 @pytest.fixture(scope="module")
 def checker():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.structure.grammar_checks import GrammarChecker
+    from agentspec_sdk.coverage.grammar_checks import GrammarChecker
 
     return GrammarChecker(transformers.AutoTokenizer.from_pretrained(str(resolve_model())))
 
@@ -60,6 +61,7 @@ def mask_positions(text: str, count: int) -> list[int]:
 
 
 def run_suite(checker, *, mask_prefixes: int = MASK_PREFIXES) -> dict:
+    assert SUITE.is_dir(), f"JSON-Schema-Test-Suite not found at {SUITE} (tests/data/README.md)"
     stats = {"cases": 0, "supported": 0, "unsupported": 0, "instances": 0, "supported_instances": 0,
              "all_instances": 0, "correct": dict.fromkeys(JUDGES, 0), "wrong": [],
              "prefixes": 0, "mask_disagreements": []}
@@ -128,5 +130,7 @@ def test_suite_is_fully_correct_on_supported_cases_under_every_judge(checker, ca
     assert not stats["mask_disagreements"], "\n".join(stats["mask_disagreements"][:40])
     for name in JUDGES:
         assert stats["correct"][name] == stats["instances"]
-    assert stats["supported"] >= 210  # regression guard on coverage (215 supported when written)
-    assert share >= 0.60  # instances in supported cases (783/1299 when written)
+    if SUITE == Path(__file__).resolve().parent / "data" / "json-schema-test-suite":  # the repository's copy
+        assert (stats["cases"], stats["all_instances"]) == (383, 1299)
+    assert stats["supported"] >= 215  # regression guard on coverage (215 supported when written)
+    assert stats["supported_instances"] >= 783 and share >= 0.60  # 783/1299 (60.3%) when written

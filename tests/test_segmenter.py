@@ -120,7 +120,7 @@ def test_boundary_in():
 
 
 def test_label_tokens_with_real_tokenizer():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
     from agentspec_sdk.backends.model_bundle import resolve_model
 
     tok = transformers.AutoTokenizer.from_pretrained(str(resolve_model()))

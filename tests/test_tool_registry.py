@@ -96,7 +96,7 @@ def test_openai_dict_and_export():
 
 
 def test_langchain_tool():
-    tools = pytest.importorskip("langchain_core.tools")
+    tools = pytest.importorskip("langchain_core.tools", reason="extra: langgraph (no langchain-core)")
 
     @tools.tool
     def lookup(city: str, days: int = 1) -> str:
@@ -125,7 +125,7 @@ def _bfcl_functions(name: str, limit: int):
 
 
 def test_bfcl_docs_are_normalised():
-    pytest.importorskip("bfcl_eval")
+    pytest.importorskip("bfcl_eval", reason="bfcl-eval missing: scripts/setup.sh installs it")
     docs = _bfcl_functions("BFCL_v4_simple_python.json", 50) + _bfcl_functions("BFCL_v4_simple_java.json", 20)
     reg = ToolRegistry()
     for doc in docs:
