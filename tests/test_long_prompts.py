@@ -10,7 +10,7 @@ import pytest
 
 from agentspec_sdk.backends.model_bundle import context_length, load_tokenizer, resolve_model
 from agentspec_sdk.backends.types import TurnRequest
-from agentspec_sdk.backends.vllm_engine import Engine
+from agentspec_sdk.backends.vllm_engine import prompt_token_ids
 from agentspec_sdk.errors import BackendError, PromptTooLong
 from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.aggregate import add_speedups, summarize
@@ -49,14 +49,14 @@ def test_engine_defaults_to_the_models_context_length():
 
 
 def test_prompt_ids_refuses_a_prompt_beyond_the_limit_with_the_numbers():
-    """Engine._prompt_ids on the real tokenizer and chat template, with a small limit."""
-    fake = types.SimpleNamespace(tokenizer=load_tokenizer(None), max_model_len=300)
+    """The engine's prompt_token_ids on the real tokenizer and chat template, with a small limit."""
+    tokenizer = load_tokenizer(None)
     fmt, registry = get_format("tool_calls"), ToolRegistry([])
     short = TurnRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=16)
-    assert 0 < len(Engine._prompt_ids(fake, short, fmt, registry)) < 284
+    assert 0 < len(prompt_token_ids(tokenizer, short, fmt, registry, 300)) < 284
     long = TurnRequest(messages=[{"role": "user", "content": "word " * 400}], max_tokens=64)
     with pytest.raises(PromptTooLong) as err:
-        Engine._prompt_ids(fake, long, fmt, registry)
+        prompt_token_ids(tokenizer, long, fmt, registry, 300)
     e = err.value
     assert e.limit == 300 and e.max_tokens == 64 and e.prompt_tokens > 400
     assert str(e) == (f"prompt of {e.prompt_tokens} tokens + max_tokens 64 = {e.prompt_tokens + 64} "

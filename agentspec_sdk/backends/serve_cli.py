@@ -124,7 +124,7 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server with the AgentSpec structure proposer inside it."""
     from agentspec_sdk.backends.model_bundle import cache_dir, resolve_model
-    from agentspec_sdk.backends.server import ServerProcess, ServerSpec
+    from agentspec_sdk.backends.server import ServerSpec
 
     try:
         if status is not None:
@@ -136,21 +136,12 @@ def serve(
         plan_path = None
         if speculation == "structure":
             plan_path = (plan or cache_dir() / "serve" / f"plan-{port}.json").resolve()
-            records_path = records or (None if metrics
-                                       else plan_path.with_name(plan_path.stem + ".records.jsonl"))
-            write_plan(model_path, plan_path, tools_file=tools, formats=formats, gamma_max=gamma_max,
-                       records_path=records_path, records_max_bytes=int(records_max_mb * (1 << 20)))
-            where = (f"{records_path.resolve()} (rotated at {records_max_mb:g} MiB)" if records_path else
-                     "off (--records PATH to keep them)")
-            typer.echo(f"# plan: {plan_path}\n# proposer records: {where}", err=True)
+            _serve_plan(model_path, plan_path, tools, formats, gamma_max, records, metrics, records_max_mb)
         chat_template, fmt = None, tool_format
         if tool_parser:
-            fmt = tool_format_of(tool_format, formats)
-            where = (plan_path.parent if plan_path else cache_dir() / "serve")
-            chat_template = write_tool_chat_template(model_path, fmt, where / f"chat-template-{port}.jinja")
-            typer.echo(f"# plain OpenAI clients: tool parser 'agentspec', format {fmt['name']}, chat "
-                       f"template {chat_template or 'the model’s own (it has none to wrap)'}", err=True)
-            fmt = fmt["name"] if _builtin(fmt) else fmt
+            where = plan_path.parent if plan_path else cache_dir() / "serve"
+            chat_template, fmt = _serve_tool_parser(model_path, tool_format, formats,
+                                                    where / f"chat-template-{port}.jinja")
         spec = ServerSpec(model=model_path, host=host, port=port, speculation=speculation,
                           gamma_max=gamma_max,
                           plan_path=plan_path, served_model_name=served_model_name,
@@ -160,16 +151,43 @@ def serve(
         typer.echo(spec.shell_line())
         if dry_run:
             return
-        proc = ServerProcess(spec).start()  # a port in use is refused here, before vLLM runs
-        if spec.multiproc_dir() is not None:
-            typer.echo(f"# metrics: {spec.base_url}/metrics (agentspec:* beside vllm:*; "
-                       f"{spec.multiproc_dir()} is emptied at every start)", err=True)
-        typer.echo(f"# serving on {spec.base_url}/v1 (Ctrl-C stops)", err=True)
-        code = proc.wait()
+        code = _run_server(spec)
     except AgentSpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _run_server(spec) -> int:
+    from agentspec_sdk.backends.server import ServerProcess
+
+    proc = ServerProcess(spec).start()  # a port in use is refused here, before vLLM runs
+    if spec.multiproc_dir() is not None:
+        typer.echo(f"# metrics: {spec.base_url}/metrics (agentspec:* beside vllm:*; "
+                   f"{spec.multiproc_dir()} is emptied at every start)", err=True)
+    typer.echo(f"# serving on {spec.base_url}/v1 (Ctrl-C stops)", err=True)
+    return proc.wait()
+
+
+def _serve_plan(model_path: str, plan_path: Path, tools: Path | None, formats: str | None, gamma_max: int,
+                records: Path | None, metrics: bool, records_max_mb: float) -> None:
+    """Write the structure proposer's plan (and say where its records go)."""
+    records_path = records or (None if metrics else plan_path.with_name(plan_path.stem + ".records.jsonl"))
+    write_plan(model_path, plan_path, tools_file=tools, formats=formats, gamma_max=gamma_max,
+               records_path=records_path, records_max_bytes=int(records_max_mb * (1 << 20)))
+    where = (f"{records_path.resolve()} (rotated at {records_max_mb:g} MiB)" if records_path else
+             "off (--records PATH to keep them)")
+    typer.echo(f"# plan: {plan_path}\n# proposer records: {where}", err=True)
+
+
+def _serve_tool_parser(model_path: str, tool_format: str, formats: str | None,
+                       template_path: Path) -> tuple[Path | None, str | dict]:
+    """The plain clients' chat template and the format the tool parser is told (a name for a built-in)."""
+    fmt = tool_format_of(tool_format, formats)
+    chat_template = write_tool_chat_template(model_path, fmt, template_path)
+    typer.echo(f"# plain OpenAI clients: tool parser 'agentspec', format {fmt['name']}, chat "
+               f"template {chat_template or 'the model’s own (it has none to wrap)'}", err=True)
+    return chat_template, fmt["name"] if _builtin(fmt) else fmt
 
 
 def server_status(url: str) -> str:

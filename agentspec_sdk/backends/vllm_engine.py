@@ -11,14 +11,12 @@ from that file (`vllm_metrics.RecordsTail`) and reports them next to vLLM's own 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import queue
 import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -26,35 +24,30 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_sdk.backends.contract import EngineBase
-from agentspec_sdk.backends.engine_config import (
-    CPU_BLOCK_SIZE,
-    PROPOSER_CLASS,
-    STOCK,
-    EngineConfig,
-    stock_speculative_config,
-)
+from agentspec_sdk.backends.engine_config import STOCK, EngineConfig
+from agentspec_sdk.backends.engine_totals import EngineTotals
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
+from agentspec_sdk.backends.pass_log import PassLog
 from agentspec_sdk.backends.prompts import chat_messages
 from agentspec_sdk.backends.scheduler_probe import SchedulerProbe
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
+from agentspec_sdk.backends.turn_sampling import TurnSampling
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
     label_records,
-    merge_acceptance,
     settle_against_vllm,
     vllm_spec_counters,
 )
-from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
+from agentspec_sdk.backends.vllm_start import start_llm
+from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError, PromptTooLong
 from agentspec_sdk.structure.formats import AgentFormat, format_names, get_format
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
-
-MAX_PASS_LOG = 1_000_000
 
 
 @dataclass
@@ -111,8 +104,8 @@ class Engine(EngineBase):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self._labels = TokenClassifier(self.tokenizer)
-        self._grammar_errors: dict[str, str] = {}
-        self._llm = self._start_vllm(cfg)
+        self._sampling = TurnSampling()
+        self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path)
         self._engine = self._llm.llm_engine
         # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.
         drafter = self.proposer() if speculation in STOCK else None
@@ -127,56 +120,12 @@ class Engine(EngineBase):
         self._closing = False
         self._dead: str | None = None
         self._idle_agents: dict[str, float] = {}
-        self._acceptance: dict[str, dict[str, int]] = {}
-        self._totals = {"requests": 0, "errors": 0, "output_tokens": 0, "claimed_drafted": 0,
-                        "claimed_accepted": 0}
-        self._vllm = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self._totals = EngineTotals()
         self._step_s = 0.0
         self._steps = 0
-        # (t, s, rows, tokens, ctx, prefill, new, grammar, scheduled composition or None)
-        self._passes: deque[tuple] = deque(maxlen=MAX_PASS_LOG)
+        self._passes = PassLog(no_spec=speculation == "off")
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
         self._thread.start()
-
-    # -- start ------------------------------------------------------------------------------------
-
-    def _start_vllm(self, cfg: EngineConfig):
-        speculation = cfg.speculation
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.kv_cache_gb:g}")
-        # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
-        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.in_process else "1"
-        if cfg.reserved_cpus is not None:
-            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.reserved_cpus)
-        spec: dict[str, Any] | None = None
-        if speculation in STOCK:
-            spec = stock_speculative_config(speculation, self.gamma_max, ngram_min=cfg.ngram_min,
-                                            ngram_max=cfg.ngram_max)
-        elif speculation == "structure":
-            spec = {"method": "custom_class", "model": PROPOSER_CLASS,
-                    "num_speculative_tokens": self.gamma_max}
-        elif speculation == "draft_model":
-            spec = {"method": "draft_model", "model": resolve_model(cfg.draft_model),
-                    "num_speculative_tokens": self.gamma_max}
-        block = cfg.block_size or _default_block_size()
-        extra = {"block_size": block} if block else {}
-        previous = os.environ.get(PLAN_ENV)
-        os.environ[PLAN_ENV] = str(self.plan_path)
-        try:
-            from vllm import LLM
-
-            return LLM(model=self.model, dtype=cfg.dtype or _default_dtype(),
-                       max_model_len=self.max_model_len,
-                       enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.seed,
-                       max_num_seqs=cfg.max_num_seqs, **extra,
-                       structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
-                       per_request_spec_decode_metrics="detailed" if spec else "none",
-                       disable_log_stats=False, enforce_eager=cfg.enforce_eager)
-        finally:
-            if previous is None:
-                os.environ.pop(PLAN_ENV, None)
-            else:
-                os.environ[PLAN_ENV] = previous
 
     # -- tools and formats ------------------------------------------------------------------------
 
@@ -225,11 +174,10 @@ class Engine(EngineBase):
         try:
             fmt = self._use_format(req.fmt)
             registry = self._request_tools(req)
-            prompt_ids = self._prompt_ids(req, fmt, registry)
-            sampling = self._sampling(req, fmt, registry)
+            prompt_ids = prompt_token_ids(self.tokenizer, req, fmt, registry, self.max_model_len)
+            sampling = self._sampling.params(req, fmt, registry)
         except Exception as exc:  # a bad turn fails alone, with the reason
-            with self._lock:
-                self._totals["errors"] += 1
+            self._totals.error()
             if events is not None:
                 events.put(None)
             future.set_result(TurnResult(request_id, error=f"{type(exc).__name__}: {exc}",
@@ -251,50 +199,12 @@ class Engine(EngineBase):
             self.register_tools(unknown)
         return registry
 
-    def _prompt_ids(self, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry) -> list[int]:
-        messages = chat_messages(req.messages, fmt, registry)
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) + req.max_tokens > self.max_model_len:
-            raise PromptTooLong(len(ids), req.max_tokens, self.max_model_len)
-        return ids
-
     def grammar_for(self, fmt: str | AgentFormat, tools: ToolRegistry | list | None = None,
                     tool_choice: str = "auto") -> str:
         from agentspec_sdk.structure.turn_grammar import turn_grammar
 
         registry = self.registry if tools is None else as_registry(tools)
         return turn_grammar(get_format(fmt), registry, tool_choice=tool_choice)
-
-    def _sampling(self, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-        grammar = req.grammar
-        if grammar is None:
-            grammar = self.grammar_for(fmt, registry, req.tool_choice)
-        structured = None
-        if grammar:
-            error = self._check_grammar(grammar)
-            if error:
-                raise BackendError(f"grammar failed to compile: {error}")
-            structured = StructuredOutputsParams(grammar=grammar)
-        return SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens,
-                              stop=list(fmt.stop) or None, structured_outputs=structured,
-                              logprobs=req.logprobs, output_kind=RequestOutputKind.CUMULATIVE)
-
-    def _check_grammar(self, grammar: str) -> str:
-        if grammar not in self._grammar_errors:
-            import llguidance
-
-            try:
-                error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
-            except Exception as exc:  # llguidance raises on some malformed inputs instead of reporting
-                error = str(exc)
-            if len(self._grammar_errors) > 512:
-                self._grammar_errors.clear()
-            self._grammar_errors[grammar] = error.strip()
-        return self._grammar_errors[grammar]
 
     # -- agents -----------------------------------------------------------------------------------
 
@@ -323,19 +233,9 @@ class Engine(EngineBase):
                 scheduled = self._probe.take() if self._probe is not None else None
                 self._step_s += seconds
                 self._steps += 1
-                rows = tokens = ctx = prefill = new = grammar = 0
+                self._passes.record(at, seconds, outputs, self._live, scheduled)
                 for out in outputs:
-                    live = self._live.get(out.request_id)
-                    if live is not None:  # what this pass computed: new tokens, context, first-token prefill
-                        n = len(out.outputs[0].token_ids)
-                        rows, tokens, ctx = rows + 1, tokens + n - live.seen, ctx + len(live.prompt_ids) + n
-                        grammar += getattr(live.sampling, "structured_outputs", None) is not None
-                        if not live.seen and n:
-                            prefill += len(live.prompt_ids) - int(getattr(out, "num_cached_tokens", 0) or 0)
-                            new += 1
-                        live.seen = n
                     self._on_output(out)
-                self._passes.append((at, seconds, rows, tokens, ctx, prefill, new, grammar, scheduled))
         except Exception as exc:  # vLLM itself failed: every waiting turn learns why
             self._dead = f"{type(exc).__name__}: {exc}"
             for live in list(self._live.values()):
@@ -397,23 +297,13 @@ class Engine(EngineBase):
             acceptance=acceptance, spec=spec, agent_id=live.req.agent_id, logprobs=_logprobs(comp.logprobs),
             timings={"e2e_s": now - live.t_submit, "queue_s": live.t_added - live.t_submit,
                      "prefill_s": t_first - live.t_added, "decode_s": now - t_first})
-        with self._lock:
-            self._totals["requests"] += 1
-            self._totals["output_tokens"] += len(token_ids)
-            self._totals["claimed_drafted"] += sum(r["drafted"] for r in records)
-            self._totals["claimed_accepted"] += sum(r["accepted"] for r in records)
-            if spec:
-                self._vllm["num_drafts"] += spec["num_spec_steps"]
-                self._vllm["num_draft_tokens"] += spec["num_draft_tokens"]
-                self._vllm["num_accepted_tokens"] += spec["num_accepted_draft_tokens"]
-            merge_acceptance(self._acceptance, acceptance)
+        self._totals.finished(len(token_ids), records, spec, acceptance)
         if live.events is not None:
             live.events.put(None)
         live.future.set_result(result)
 
     def _fail(self, live: _Live, error: str) -> None:
-        with self._lock:
-            self._totals["errors"] += 1
+        self._totals.error()
         if live.events is not None:
             live.events.put(None)
         if not live.future.done():
@@ -427,10 +317,7 @@ class Engine(EngineBase):
         proposer's step log and step time. `vllm_process` is vLLM's Prometheus view, which is shared
         by every engine in the process."""
         self._tail.poll()
-        with self._lock:
-            totals = dict(self._totals)
-            vllm = dict(self._vllm)
-            acceptance = json.loads(json.dumps(self._acceptance))
+        totals, vllm, acceptance = self._totals.snapshot()
         proposer = self._tail.proposer_stats()
         return {
             "speculation": self.speculation, "gamma_max": self.gamma_max, **totals,
@@ -449,16 +336,8 @@ class Engine(EngineBase):
 
     def pass_log(self, start: float = 0.0, end: float = float("inf")) -> list[dict]:
         """Every engine step (one target pass, any speculation mode) that began between `start` and
-        `end` (time.time()): `{"t", "s" (seconds), "rows" (requests that got tokens), "tokens" (new
-        tokens), "ctx" (their context lengths summed), "prefill" (uncached prompt tokens of requests
-        whose first token came in this pass), "new" (those requests: their decode starts after it),
-        "grammar" (rows decoding under a grammar: a token bitmask per row and pass)}`, and where vLLM's
-        scheduler is in this process what the pass computed (`scheduler_probe.FIELDS`: prefill chunk
-        tokens and their context, decoding rows, the draft tokens they verify); `no_spec`: 1 for an
-        engine without speculative decoding (vLLM's plain sampling path, a pass cost term of its own)."""
-        return [{"t": t, "s": s, "rows": r, "tokens": k, "ctx": c, "prefill": p, "new": n, "grammar": g,
-                 "no_spec": int(self.speculation == "off"), **(sched or {})}
-                for t, s, r, k, c, p, n, g, sched in list(self._passes) if start <= t <= end]
+        `end` (time.time()), with what it computed: see `pass_log.PassLog.entries`."""
+        return self._passes.entries(start, end)
 
     def proposer(self):
         """The in-process proposer object (None when vLLM runs its engine core in another process)."""
@@ -486,22 +365,16 @@ class Engine(EngineBase):
 
 
 
-def _default_dtype() -> str:
-    try:
-        from vllm.platforms import current_platform
-
-        return "float32" if current_platform.is_cpu() else "auto"
-    except Exception:
-        return "auto"
-
-
-def _default_block_size() -> int | None:
-    try:
-        from vllm.platforms import current_platform
-
-        return CPU_BLOCK_SIZE if current_platform.is_cpu() else None
-    except Exception:
-        return None
+def prompt_token_ids(tokenizer, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry,
+                     max_model_len: int) -> list[int]:
+    """The turn's prompt through the model's chat template; PromptTooLong when it and `max_tokens`
+    do not fit the context."""
+    messages = chat_messages(req.messages, fmt, registry)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) + req.max_tokens > max_model_len:
+        raise PromptTooLong(len(ids), req.max_tokens, max_model_len)
+    return ids
 
 
 def _logprobs(positions) -> list[dict[int, float]] | None:

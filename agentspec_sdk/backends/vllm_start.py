@@ -1,0 +1,81 @@
+"""Starting `vllm.LLM` for the embedded engine: the speculative config of each mode, the CPU settings
+(KV space, block size, dtype) and the plan file the structure proposer reads while vLLM builds it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agentspec_sdk.backends.engine_config import (
+    CPU_BLOCK_SIZE,
+    PROPOSER_CLASS,
+    STOCK,
+    EngineConfig,
+    stock_speculative_config,
+)
+from agentspec_sdk.backends.model_bundle import resolve_model
+from agentspec_sdk.drafting.plan import PLAN_ENV
+
+__all__ = ["speculative_config", "start_llm", "default_dtype", "default_block_size"]
+
+
+def speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for the engine's mode (None: off)."""
+    if cfg.speculation in STOCK:
+        return stock_speculative_config(cfg.speculation, gamma_max, ngram_min=cfg.ngram_min,
+                                        ngram_max=cfg.ngram_max)
+    if cfg.speculation == "structure":
+        return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": gamma_max}
+    if cfg.speculation == "draft_model":
+        return {"method": "draft_model", "model": resolve_model(cfg.draft_model),
+                "num_speculative_tokens": gamma_max}
+    return None
+
+
+def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int, plan_path: Path):
+    """`vllm.LLM` with the engine's settings; the plan path is in AGENTSPEC_PLAN while vLLM starts
+    (its proposer reads it then), and the variable is restored afterwards."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.kv_cache_gb:g}")
+    # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.in_process else "1"
+    if cfg.reserved_cpus is not None:
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.reserved_cpus)
+    spec = speculative_config(cfg, gamma_max)
+    block = cfg.block_size or default_block_size()
+    extra = {"block_size": block} if block else {}
+    previous = os.environ.get(PLAN_ENV)
+    os.environ[PLAN_ENV] = str(plan_path)
+    try:
+        from vllm import LLM
+
+        return LLM(model=model, dtype=cfg.dtype or default_dtype(), max_model_len=max_model_len,
+                   enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.seed,
+                   max_num_seqs=cfg.max_num_seqs, **extra,
+                   structured_outputs_config={"backend": "guidance"}, speculative_config=spec,
+                   per_request_spec_decode_metrics="detailed" if spec else "none",
+                   disable_log_stats=False, enforce_eager=cfg.enforce_eager)
+    finally:
+        if previous is None:
+            os.environ.pop(PLAN_ENV, None)
+        else:
+            os.environ[PLAN_ENV] = previous
+
+
+def default_dtype() -> str:
+    try:
+        from vllm.platforms import current_platform
+
+        return "float32" if current_platform.is_cpu() else "auto"
+    except Exception:
+        return "auto"
+
+
+def default_block_size() -> int | None:
+    try:
+        from vllm.platforms import current_platform
+
+        return CPU_BLOCK_SIZE if current_platform.is_cpu() else None
+    except Exception:
+        return None
