@@ -33,7 +33,7 @@ from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_to
 from agentspec_sdk.drafting.lookup import continuation
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
-from agentspec_sdk.drafting.rows import Candidate, RowInput, RowState
+from agentspec_sdk.drafting.rows import Candidate, RowContext, RowInput, RowState
 from agentspec_sdk.drafting.suffix_source import SuffixTrees
 from agentspec_sdk.drafting.suffix_source import available as suffix_available
 from agentspec_sdk.drafting.text import TokenBytes
@@ -75,6 +75,10 @@ class StructureDrafter:
         self.cost = OnlineStepCost(plan.delta)
         self.last_error: str | None = None  # traceback of the last failing row or step
         self.failures = 0  # failing rows and steps, logged or not
+        # explain mode (benchmarks/offline_drafting.py --explain): a list that gets, per step, one dict
+        # per row with the candidates weighed (own, tree, tree_raw before the segment cut, rule) and
+        # what was sent; None (the default): nothing recorded
+        self.explain: list | None = None
         self._apply_plan(plan)
 
     @classmethod
@@ -130,6 +134,9 @@ class StructureDrafter:
             self._apply_plan(old)
             self.grammar_error = f"plan version {plan.version} not applied: {exc}"
 
+    def _row_context(self) -> RowContext:
+        return RowContext(self.trees, self.token_bytes, self.turn_start, self.turn_end, self.pick_format)
+
     def pick_format(self, prompt_text: str) -> AgentFormat:
         """With several formats in the plan, the one whose open markers the prompt mentions most."""
         if len(self.formats) == 1:
@@ -169,6 +176,7 @@ class StructureDrafter:
         errors = 0
         states = self._match_rows(rows)
         candidates: list[Candidate | None] = [None] * len(rows)
+        notes = [{} for _ in rows] if self.explain is not None else None
         for i, row in enumerate(rows):
             if not row.draftable:
                 continue
@@ -176,18 +184,22 @@ class StructureDrafter:
                 st = states[i]
                 ids = row.history()
                 if st is None:
-                    st = states[i] = RowState(self, ids)
+                    st = states[i] = RowState(self._row_context(), ids)
                     self.accounting.rebuilds += 1
                 else:
                     self._resolve(st, ids, row.sampled)
                     st.advance(ids)
-                candidates[i] = self._candidate(st)
+                candidates[i] = self._candidate(st, notes[i] if notes is not None else None)
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1
                 states[i] = None
                 self._failed(f"row {i}")
         self._rows = states
         drafts = self._size(candidates)
+        if notes is not None:
+            for note, cand, draft in zip(notes, candidates, drafts, strict=True):
+                note.update(chosen=cand, sent=draft)
+            self.explain.append(notes)
         self.accounting.sized([(c.law_class, len(c.tokens), len(d))
                                for c, d in zip(candidates, drafts, strict=True)
                                if c is not None])
@@ -201,7 +213,7 @@ class StructureDrafter:
         sizes = [len(d) for d in drafts]  # for the report's cost fit: context and class of the drafted tokens
         extra = {"ctx": int(sum(r.num_tokens if r.num_tokens is not None
                                 else len(r.token_ids) for r in rows)),
-                 "drafted_ctx": int(sum(k * len(states[i].ids) for i, k in enumerate(sizes) if k)),
+                 "drafted_ctx": int(sum(k * states[i].n for i, k in enumerate(sizes) if k)),
                  "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True)
                                       if k and c.law_class == "S"))}
         self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
@@ -251,19 +263,31 @@ class StructureDrafter:
 
     # -- one row's candidate draft ------------------------------------------------------------
 
-    def _candidate(self, st: RowState) -> Candidate | None:
+    def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
+        """The row's draft before sizing. `note` (explain mode): filled with what was weighed."""
         own = self._structure_candidate(st)
+        if note is not None:
+            note.update(own=own, tree=None, tree_raw=[], rule="own")
         if self.trees is None or (own is not None and own.source in ("forced", "marker")):
+            if note is not None and self.trees is not None:  # what the tree would have offered
+                note["tree"] = self._suffix_candidate(st, note)
+                note["rule"] = "forced-first"
             return own  # grammar-forced text (and a begun marker) goes first
-        tree = self._suffix_candidate(st)
+        tree = self._suffix_candidate(st, note)
+        if note is not None:
+            note["tree"] = tree
         if tree is not None and (own is None or self._expected(tree) > self._expected(own)):
             self.suffix_chosen += 1
+            if note is not None:
+                note["rule"] = "tree"
             return tree
         return own
 
-    def _suffix_candidate(self, st: RowState) -> Candidate | None:
+    def _suffix_candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """SuffixDecoding's draft for this row, cut where the current segment ends."""
-        tokens, conf = self.trees.speculate(st.tree_key, st.ids, self.gamma)
+        tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma)
+        if note is not None:
+            note["tree_raw"] = list(tokens)
         if not tokens:
             return None
         if self.plan.isolation:
@@ -450,7 +474,7 @@ class StructureDrafter:
         return self._proto[key].fork()
 
     def _named_tool(self, st: RowState) -> str | None:
-        turn = st.text.text[st.turn_char:]
+        turn = st.text.slice(st.turn_char)
         for span in reversed(st.seg.spans):
             if span.kind == "action":
                 text = turn[span.start:span.end]
@@ -492,8 +516,8 @@ class StructureDrafter:
         if not text:
             return [], []
         first = max(0, st.n - ANCHOR_TOKENS)
-        emitted = st.ids[first:].tolist()
-        tail = st.text.text[st.text.token_start(first):]
+        emitted = st.tail[len(st.tail) - (st.n - first):].tolist()
+        tail = st.text.slice(st.text.token_start(first))
         tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
                                   probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
