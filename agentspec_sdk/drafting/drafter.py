@@ -266,46 +266,71 @@ class StructureDrafter:
     def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """The row's draft before sizing. `note` (explain mode): filled with what was weighed."""
         own = self._structure_candidate(st)
-        if note is not None:
-            note.update(own=own, tree=None, tree_raw=[], rule="own")
-        if self.trees is None or (own is not None and own.source in ("forced", "marker")):
-            if note is not None and self.trees is not None:  # what the tree would have offered
+        note = {} if note is None else note
+        note.update(own=own, tree=None, tree_raw=[], rule="own")
+        priced = self.plan.boundary == "price" and self.plan.isolation
+        if self.trees is None:
+            return own
+        if own is not None and own.source in ("forced", "marker"):  # grammar-forced text goes first
+            note["rule"] = "forced-first"
+            if priced or self.explain is not None:  # what the tree would have offered
                 note["tree"] = self._suffix_candidate(st, note)
-                note["rule"] = "forced-first"
-            return own  # grammar-forced text (and a begun marker) goes first
-        tree = self._suffix_candidate(st, note)
-        if note is not None:
-            note["tree"] = tree
+            return self._through(own, note) if priced else own
+        tree = note["tree"] = self._suffix_candidate(st, note)
         if tree is not None and (own is None or self._expected(tree) > self._expected(own)):
             self.suffix_chosen += 1
-            if note is not None:
-                note["rule"] = "tree"
+            note["rule"] = "tree"
             return tree
-        return own
+        return self._through(own, note) if priced and own is not None else own
+
+    def _through(self, own: Candidate, note: dict) -> Candidate:
+        """Own candidate continued past the segment end by the tree (boundary "price"): when the
+        tree's draft begins with own's tokens, its further tokens are appended as source "cross"."""
+        raw, conf = note.get("tree_raw") or [], note.get("tree_conf") or []
+        n = len(own.tokens)
+        if len(raw) <= n or raw[:n] != own.tokens:
+            return own
+        cross = self.accounting.acceptance.alpha(own.law_class, "cross")
+        return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
+                         own.law_class, self._confidences(own) + [c * cross for c in conf[n:]])
 
     def _suffix_candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
-        """SuffixDecoding's draft for this row, cut where the current segment ends."""
+        """SuffixDecoding's draft for this row, cut where the current segment ends (boundary "wall")
+        or priced past it (boundary "price": the tokens after the end are source "cross")."""
         tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma)
         if note is not None:
-            note["tree_raw"] = list(tokens)
-        if not tokens:
-            return None
-        if self.plan.isolation:
-            pieces = [self.token_bytes[t] for t in tokens]
-            text = b"".join(pieces).decode("utf-8", errors="replace")
-            cut = st.seg.boundary_in(text)
-            if cut is not None:
-                limit, keep, used = len(text[:cut].encode("utf-8")), 0, 0
-                for piece in pieces:
-                    if used + len(piece) > limit:
-                        break
-                    used += len(piece)
-                    keep += 1
-                tokens, conf = tokens[:keep], conf[:keep]
+            note["tree_raw"], note["tree_conf"] = list(tokens), list(conf)
         if not tokens:
             return None
         kind = st.fmt.kind(st.seg.kind)
-        return Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
+        law_class = kind.law_class.value
+        sources = ["suffix"] * len(tokens)
+        if self.plan.isolation:
+            keep = self._inside(st, tokens)
+            if self.plan.boundary == "price" and keep < len(tokens):
+                cross = self.accounting.acceptance.alpha(law_class, "cross")
+                sources[keep:] = ["cross"] * (len(tokens) - keep)
+                conf = conf[:keep] + [c * cross for c in conf[keep:]]
+            else:
+                tokens, conf, sources = tokens[:keep], conf[:keep], sources[:keep]
+        if not tokens:
+            return None
+        return Candidate(tokens, sources, kind.name, law_class, conf)
+
+    def _inside(self, st: RowState, tokens: list[int]) -> int:
+        """How many of `tokens` lie inside the current segment (a token holding the boundary is out)."""
+        pieces = [self.token_bytes[t] for t in tokens]
+        text = b"".join(pieces).decode("utf-8", errors="replace")
+        cut = st.seg.boundary_in(text)
+        if cut is None:
+            return len(tokens)
+        limit, keep, used = len(text[:cut].encode("utf-8")), 0, 0
+        for piece in pieces:
+            if used + len(piece) > limit:
+                break
+            used += len(piece)
+            keep += 1
+        return keep
 
     def _expected(self, cand: Candidate) -> float:
         """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""

@@ -40,6 +40,10 @@ class DraftPlan:
     gate: bool = True
     isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
     budget: bool = True  # False: ablation "structure-without-budget" (fixed gamma_max for every row)
+    # Past the segment end: "wall" (a draft stops there) or "price" (the suffix tree's tokens past the
+    # boundary stay in the candidate as source "cross", each worth its tree confidence times the
+    # learned acceptance of (class, "cross"), and the budget sends them only where that pays)
+    boundary: str = "wall"
     records_path: str | None = None
     records_max_bytes: int | None = None  # rotate the records file past this size; None: 64 MiB
     lookup_min_chars: int = 3
@@ -73,6 +77,8 @@ class DraftPlan:
                 or self.records_max_bytes < 4096):
             raise PlanError(f"plan: records_max_bytes must be None or an integer >= 4096, "
                             f"got {self.records_max_bytes!r}")
+        if self.boundary not in ("wall", "price"):
+            raise PlanError(f"plan: boundary must be 'wall' or 'price', got {self.boundary!r}")
         if not self.formats:
             raise PlanError("plan: formats must name at least one agent format")
         try:
