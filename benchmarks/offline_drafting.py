@@ -621,7 +621,8 @@ def tuned_suffix(turns: list[dict], gamma: int, batch: int, delta: float, trim) 
 
 
 def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int, delta: float,
-            ideas: bool) -> dict:
+            ideas: bool, quick: bool = False) -> dict:
+    """`quick`: without structure-plain, union and union-bound (the rows that price knowledge)."""
     def trim():  # one GrammarTrim per replay: its matchers advance with the turns
         return GrammarTrim(grammars)
 
@@ -636,9 +637,11 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
                                        trim=trim())
     tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim)
     rows["suffix-tuned"] = {**tuned, "knobs": knobs}
-    rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
-    rows["union"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
-    rows["union-bound"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=better)
+    if not quick:
+        rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
+        rows["union"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
+        rows["union-bound"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(),
+                                       choose=better)
     if ideas:
         rows["suffix-own"] = simulate(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
         rows["suffix-finished"] = simulate(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
@@ -682,6 +685,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--delta", type=float, default=0.2)
     ap.add_argument("--ideas", action="store_true", help="add the rows of IDEAS")
+    ap.add_argument("--quick", action="store_true", help="without the structure-plain and union rows")
     ap.add_argument("--explain", action="store_true",
                     help="classify every step where suffix's draft beats structure's (see Explainer)")
     ap.add_argument("--json", action="store_true")
@@ -722,7 +726,7 @@ def report(path: str, data: dict, gammas: list[int], args) -> None:
     turns = data["turns"]
     tokens = sum(len(t["out"]) - 1 for t in turns)
     result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta,
-                         args.ideas)
+                         args.ideas, args.quick)
               for g in gammas}
     if args.json:
         print(json.dumps({"turns_file": path, "traces": data.get("traces", "bundled"),
