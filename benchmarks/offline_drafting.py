@@ -425,9 +425,9 @@ def pay_cause(note: dict, a_st: int) -> tuple[str, str]:
 
 
 def explain_rows(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int,
-                 label: str) -> tuple[list[dict], dict]:
+                 label: str, boundary: str = "wall") -> tuple[list[dict], dict]:
     """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row."""
-    structure = structure_drafter(gamma, tools, explain=True)
+    structure = structure_drafter(gamma, tools, explain=True, boundary=boundary)
     explainer = Explainer(structure, turns, label)
     row = simulate(turns, (structure, SuffixDrafter(gamma)), batch, trim=GrammarTrim(grammars),
                    choose=explainer)
@@ -688,6 +688,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="without the structure-plain and union rows")
     ap.add_argument("--explain", action="store_true",
                     help="classify every step where suffix's draft beats structure's (see Explainer)")
+    ap.add_argument("--boundary", default="wall", choices=("wall", "price"),
+                    help="--explain: the structure drafter's plan boundary")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.capture:
@@ -707,14 +709,16 @@ def main() -> None:
             rows, summary = [], []
             for path, data in files:
                 got, row = explain_rows(data["turns"], data["tools"], data.get("grammars", []), g, args.batch,
-                                        set_label(data, path))
+                                        set_label(data, path), args.boundary)
                 rows += got
                 summary.append(f"{path}: {len(data['turns'])} turns, structure passes {row['passes']}, "
                                f"drafted {row['drafted']}, accepted {row['accepted']}")
             if args.json:
                 print(json.dumps({"gamma": g, "batch": args.batch, "steps": rows}, indent=1))
                 continue
-            print(f"explain: structure against vLLM's suffix on the same histories, γ={g}, b={args.batch}")
+            print(f"explain: structure (boundary {args.boundary}) against vLLM's suffix on the same "
+                  "histories, "
+                  f"γ={g}, b={args.batch}")
             print("\n".join(summary))
             print(explain_table(rows))
         return

@@ -109,12 +109,12 @@ def test_expected_value_compares_tree_and_learned_candidates(tok):
     assert drafter._expected(lookup) == pytest.approx(a + a * a + a ** 3)
 
 
-def _two_agents(tok, plan: DraftPlan):
-    """Row A writes a sentence and opens a tool call; row B begins the same sentence: B's draft."""
+def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>"):
+    """Row A writes a sentence and `then` (opens a tool call); row B begins the same sentence: B's draft."""
     drafter = StructureDrafter(plan, tok)
     said = " First we book the train to Lyon, then the hotel near the station."
     a_prompt = _history(tok, "")
-    a_out = np.array(tok.encode(said + "<tool_call>"), dtype=np.int64)
+    a_out = np.array(tok.encode(said + then), dtype=np.int64)
     for n in range(0, len(a_out) + 1, 4):
         drafter.propose([RowInput(np.concatenate([a_prompt, a_out[:n]]))])
     drafter.propose([RowInput(np.concatenate([a_prompt, a_out]))])
@@ -143,3 +143,12 @@ def test_boundary_price_switch(tok):
     assert dear == wall and "cross" not in dear_pending.sources
     with pytest.raises(Exception, match="boundary"):
         DraftPlan(boundary="open")
+
+
+def test_a_draft_never_ends_with_the_turn_end(tok):
+    """Accepted, a trailing turn end saves nothing (the target's own token in the same pass ends the
+    turn too): the tree's draft that ends the turn loses its last token, with any boundary."""
+    for boundary in ("wall", "price"):
+        draft, pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary=boundary),
+                                            then="<|im_end|>")
+        assert truth[-1] == 2 and draft == truth[:len(draft)] and draft and 2 not in draft

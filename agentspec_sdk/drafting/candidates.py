@@ -27,12 +27,27 @@ TRIMMED_PROBES = ("a", "0", '"')
 
 
 class CandidateBuilder:
-    """Builds each row's `Candidate`; the drafter (its subclass) holds `plan`, `gamma`, `ll`,
+    """Builds each row's `Candidate`; the drafter (its subclass) holds `plan`, `gamma`, `ll`, `end_ids`,
     `token_bytes`, `trees`, `accounting`, `explain`, `suffix_chosen`, `_registry`, `_call_grammar` and
     `_proto` (one prototype matcher per grammar)."""
 
     def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
-        """The row's draft before sizing. `note` (explain mode): filled with what was weighed."""
+        """The row's draft before sizing. `note` (explain mode): filled with what was weighed.
+
+        A draft's trailing turn-end tokens are worth nothing: accepted, the turn ends where the
+        target's own next token would have ended it in the same pass, so they are not drafted."""
+        cand = self._choose(st, note)
+        if cand is None or cand.tokens[-1] not in self.end_ids:
+            return cand
+        n = len(cand.tokens)
+        while n and cand.tokens[n - 1] in self.end_ids:
+            n -= 1
+        if not n:
+            return None
+        conf = cand.confidences[:n] if cand.confidences is not None else None
+        return Candidate(cand.tokens[:n], cand.sources[:n], cand.kind, cand.law_class, conf)
+
+    def _choose(self, st: RowState, note: dict | None = None) -> Candidate | None:
         own = self._structure_candidate(st)
         note = {} if note is None else note
         note.update(own=own, tree=None, tree_raw=[], rule="own")
@@ -92,13 +107,7 @@ class CandidateBuilder:
         cut = st.seg.boundary_in(text)
         if cut is None:
             return len(tokens)
-        limit, keep, used = len(text[:cut].encode("utf-8")), 0, 0
-        for piece in pieces:
-            if used + len(piece) > limit:
-                break
-            used += len(piece)
-            keep += 1
-        return keep
+        return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
 
     def _expected(self, cand: Candidate) -> float:
         """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""
@@ -314,6 +323,17 @@ class CandidateBuilder:
         tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
                                   probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
+
+
+def _tokens_within(pieces: list[bytes], limit: int) -> int:
+    """How many leading tokens (their bytes) fit in the first `limit` bytes."""
+    keep = used = 0
+    for piece in pieces:
+        if used + len(piece) > limit:
+            break
+        used += len(piece)
+        keep += 1
+    return keep
 
 
 def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str,

@@ -59,6 +59,8 @@ class StructureDrafter(CandidateBuilder):
         self.ll, self.token_bytes = ll_tokenizer(tokenizer)
         self._watcher = PlanWatcher(plan_path) if plan_path else None
         self._turn_start_default, self.turn_end = turn_markers(tokenizer)
+        end = self.turn_end.encode("utf-8") if self.turn_end else None
+        self.end_ids = frozenset(i for i, b in enumerate(self.token_bytes.table) if end and b == end)
         self._rows: list[RowState | None] = []
         self.trees: SuffixTrees | None = None
         self.suffix_chosen = 0  # rows whose draft came from the suffix trees
@@ -98,9 +100,15 @@ class StructureDrafter(CandidateBuilder):
         self._proto: dict[tuple, CallMatcher] = {}
         self._forget_rows(self._rows)
         self._rows = []  # formats or tools changed: rebuild every row's state
+        if plan.suffix_trees and self.trees is not None and (
+                (self.trees.max_spec_factor, self.trees.min_token_prob)
+                != (plan.suffix_max_spec_factor, plan.suffix_min_token_prob)):
+            self.trees.max_spec_factor = plan.suffix_max_spec_factor
+            self.trees.min_token_prob = plan.suffix_min_token_prob
         if plan.suffix_trees and self.trees is None:
             if suffix_available():
-                self.trees = SuffixTrees()
+                self.trees = SuffixTrees(max_spec_factor=plan.suffix_max_spec_factor,
+                                         min_token_prob=plan.suffix_min_token_prob)
             else:
                 log.warning("arctic-inference is not installed: the structure drafter runs without suffix "
                             "trees")

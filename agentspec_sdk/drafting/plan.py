@@ -50,6 +50,9 @@ class DraftPlan:
     # SuffixDecoding's trees (arctic-inference) as a draft source inside segments; off when the
     # package is missing (logged) or for the ablation "structure-no-suffix"
     suffix_trees: bool = True
+    # the trees' two knobs (vLLM's suffix_decoding_max_spec_factor / _min_token_prob; vLLM's defaults)
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
     version: int = 0
 
     def __post_init__(self) -> None:
@@ -77,6 +80,11 @@ class DraftPlan:
                 or self.records_max_bytes < 4096):
             raise PlanError(f"plan: records_max_bytes must be None or an integer >= 4096, "
                             f"got {self.records_max_bytes!r}")
+        factor, prob = self.suffix_max_spec_factor, self.suffix_min_token_prob
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+            raise PlanError(f"plan: suffix_max_spec_factor must be a number > 0, got {factor!r}")
+        if isinstance(prob, bool) or not isinstance(prob, int | float) or not 0 <= prob <= 1:
+            raise PlanError(f"plan: suffix_min_token_prob must be in [0, 1], got {prob!r}")
         if self.boundary not in ("wall", "price"):
             raise PlanError(f"plan: boundary must be 'wall' or 'price', got {self.boundary!r}")
         if not self.formats:
