@@ -55,12 +55,12 @@ class CorpusIndex:
     a `LONG` one is a 64-bit polynomial hash, and every candidate is compared as text anyway."""
 
     SHORT, LONG, CAP = 3, 8, 48
+    DIRECT = 4096  # up to this many characters a string search is cheaper than the index (and bounded)
     __slots__ = ("text", "_tables", "checked")
 
     def __init__(self, text: str = ""):
         self.text = ""
-        empty = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
-        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {self.SHORT: empty, self.LONG: empty}
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # built at the first search
         self.checked = 0
         self.extend(text)
 
@@ -68,10 +68,14 @@ class CorpusIndex:
         return len(self.text)
 
     def extend(self, piece: str) -> None:
-        """Append text (the index is rebuilt: corpora grow a segment at a time, not per step)."""
-        if not piece:
-            return
-        self.text += piece
+        """Append text (the index is rebuilt at the next search: corpora grow a segment at a time, not
+        per step)."""
+        if piece:
+            self.text += piece
+            self._tables = None
+
+    def _build(self) -> None:
+        self._tables = {}
         codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
         for gram in (self.SHORT, self.LONG):
             if len(codes) < gram:
@@ -97,8 +101,10 @@ class CorpusIndex:
         max_k = min(max_k, len(query))
         if max_k < min_k or end <= 0:
             return 0, -1
-        if min_k < self.SHORT:
+        if min_k < self.SHORT or len(self.text) <= self.DIRECT:
             return longest_match(query, self.text, end, min_k, max_k)
+        if self._tables is None:
+            self._build()
         best_k, best_e = 0, -1
         if max_k >= self.LONG:
             best_k, best_e = self._best(self._ends(self.LONG, query[-self.LONG:], end), query, self.LONG,
