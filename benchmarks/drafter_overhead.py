@@ -11,6 +11,15 @@ draft's common prefix with the target is accepted, plus one token from the "targ
   (`--step-ms`, default from docs measured on this machine: 100 ms at b=1, 195 ms at b=8).
 
     python benchmarks/drafter_overhead.py [--cases 35] [--json]
+
+`--contexts 1000,3000,6000`: proposer ms per step by context length instead. The longest prompt of the
+long-context traces (agentspec_sdk/replay/traces/bfcl_long_context.jsonl, 7k tokens as the engine
+renders it) is cut in the middle to each length (its head, the system prompt and tools, and its last
+400 tokens, the latest messages and the assistant prefix, kept); `--batch` rows each replay one
+recorded assistant turn of those traces after it with greedy verification simulated. Reported: the
+proposer's time per step after the first (which builds each row's state), and the work counters of
+`context_work` (tokens decoded, characters segmented, corpus characters searched, ...), which are what
+the test of per-step work independent of context length counts. `--profile`: cProfile's top entries.
 """
 
 from __future__ import annotations
@@ -144,6 +153,88 @@ def simulate(drafter_cls, row_input, plan_cls, tok, case, grammar_fn, *, batch: 
     }
 
 
+LONG_TRACES = "bfcl_long_context.jsonl"
+
+
+def long_context_rows(lengths: list[int], batch: int, tail: int = 400):
+    """{length: (prompt ids, [output ids per row])} from the long-context traces (see the docstring)."""
+    from pathlib import Path
+
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+    from agentspec_sdk.backends.prompts import chat_messages
+    from agentspec_sdk.replay.trace import load_traces
+    from agentspec_sdk.structure.formats import get_format
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    path = Path(__file__).resolve().parent.parent / "agentspec_sdk" / "replay" / "traces" / LONG_TRACES
+    tok, fmt = load_tokenizer(None), get_format("tool_calls")
+    best, outs, tools = None, [], []
+    for ep in load_traces(path):
+        msgs = [{"role": "system", "content": ep.system}]
+        for t in ep.turns:
+            if t.role == "assistant":
+                text = tok.apply_chat_template(chat_messages(msgs, fmt, ToolRegistry(ep.tools)),
+                                               tokenize=False, add_generation_prompt=True)
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                if best is None or len(ids) > len(best):
+                    best, tools = ids, ep.tools
+                outs.append(tok(t.content, add_special_tokens=False)["input_ids"])
+            msgs.append({"role": t.role, "content": t.content})
+    outs = sorted(outs, key=len, reverse=True)[:batch]
+    rows = {}
+    for n in lengths:
+        if n > len(best):
+            raise SystemExit(f"the longest long-context prompt has {len(best)} tokens, asked for {n}")
+        rows[n] = (best[: n - tail] + best[-tail:], outs)
+    return rows, tools
+
+
+def context_profile(lengths: list[int], batch: int, gamma: int, profile: bool = False) -> dict:
+    import cProfile
+    import pstats
+
+    from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
+    from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+    from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+
+    tok = load_tokenizer(None)
+    rows, tools = long_context_rows(lengths, batch)
+    out = {}
+    for n, (prompt, outs) in rows.items():
+        plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools,
+                         tokenizer=str(resolve_model(None)), gamma_max=gamma, learn_delta=False)
+        drafter = StructureDrafter(plan, tok)
+        pos = [1] * len(outs)
+        steps, seconds, prof = 0, 0.0, cProfile.Profile() if profile else None
+        while True:
+            active = [i for i, o in enumerate(outs) if pos[i] < len(o)]
+            if not active:
+                break
+            inputs = [RowInput(np.asarray(prompt + outs[i][:pos[i]], dtype=np.int64)) for i in active]
+            before = drafter.stats()["proposer_s"]
+            if prof is not None and steps:
+                prof.enable()
+            drafts = drafter.propose(inputs)
+            if prof is not None:
+                prof.disable()
+            if steps:  # the first step builds every row's state
+                seconds += drafter.stats()["proposer_s"] - before
+            steps += 1
+            for i, d in zip(active, drafts, strict=True):
+                truth = outs[i][pos[i]:]
+                a = 0
+                while a < len(d) and a < len(truth) and d[a] == truth[a]:
+                    a += 1
+                pos[i] += a + 1
+        out[n] = {"steps": steps, "ms_per_step": 1000 * seconds / max(1, steps - 1), "rows": len(outs),
+                  "prompt": len(prompt)}
+        if prof is not None:
+            print(f"--- {n} tokens")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(18)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=35, help="cases per BFCL category (3 categories)")
@@ -151,7 +242,20 @@ def main() -> None:
                     help="decode step time at b=1 and b=8 (ms) for the overhead ratio")
     ap.add_argument("--gamma", type=int, default=8, help="gamma_max of the plan")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--contexts", help="comma list of context lengths: proposer ms per step by context")
+    ap.add_argument("--batch", type=int, default=8, help="rows of the --contexts replay")
+    ap.add_argument("--profile", action="store_true", help="with --contexts: cProfile's top entries")
     args = ap.parse_args()
+    if args.contexts:
+        lengths = [int(x) for x in args.contexts.split(",")]
+        res = context_profile(lengths, args.batch, args.gamma, args.profile)
+        if args.json:
+            print(json.dumps(res, indent=1))
+        else:
+            for n, r in res.items():
+                print(f"context {n:>5} tokens: {r['ms_per_step']:.2f} ms per step ({r['rows']} rows, "
+                      f"{r['steps']} steps)")
+        return
 
     from transformers import AutoTokenizer
 

@@ -36,7 +36,8 @@ import json
 import numpy as np
 
 
-def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: str | None = None) -> None:
+def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: str | None = None,
+            arm_name: str = "D") -> None:
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.replay.arms import build_arm
@@ -44,7 +45,7 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
     from agentspec_sdk.replay.runner import _unique_tools
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
-    arm = build_arm("D", episodes, max_tokens=max_tokens, max_segments=segments, trace_path=traces)
+    arm = build_arm(arm_name, episodes, max_tokens=max_tokens, max_segments=segments, trace_path=traces)
     tools = _unique_tools([arm])
     engine = Engine(speculation="off", formats=[REACT, TOOL_CALLS, CODE_AGENT], enforce_eager=True)
     engine.register_tools(tools)
@@ -60,7 +61,8 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
         index = grammars.index(grammar)
         future = submit(req)
         future.add_done_callback(lambda f: turns.append(
-            {"prompt": f.result().prompt_token_ids, "out": f.result().token_ids, "grammar": index}))
+            {"prompt": f.result().prompt_token_ids, "out": f.result().token_ids, "grammar": index,
+             "fmt": req.fmt}))
         return future
 
     engine.submit = recording_submit
@@ -70,8 +72,8 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
     finally:
         engine.close()
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"traces": str(traces or "bundled"), "tools": tools, "grammars": grammars, "turns": turns},
-                  fh)
+        json.dump({"traces": str(traces or "bundled"), "arm": arm_name, "tools": tools, "grammars": grammars,
+                   "turns": turns}, fh)
     print(f"{len(turns)} turns, {sum(len(t['out']) for t in turns)} output tokens -> {path}")
 
 
@@ -277,15 +279,21 @@ class ExpectedGain:
 
 
 class StructureCall:
-    """The structure drafter as simulate calls it; `classes[k]`: the law class of row k's last draft."""
+    """The structure drafter as simulate calls it; `classes[k]`: the law class of row k's last draft;
+    with `explain`, `notes[k]`: what the drafter weighed for row k in the last step."""
 
-    def __init__(self, drafter):
-        self.drafter, self.classes = drafter, []
+    def __init__(self, drafter, explain: bool = False):
+        self.drafter, self.classes, self.notes = drafter, [], []
+        if explain:
+            drafter.explain = []
 
     def __call__(self, histories) -> list[list[int]]:
         from agentspec_sdk.drafting.rows import RowInput
 
         drafts = self.drafter.propose([RowInput(h) for h in histories])
+        if self.drafter.explain is not None:
+            self.notes = self.drafter.explain.pop() if self.drafter.explain else [{} for _ in histories]
+            self.drafter.explain.clear()
         rows = getattr(self.drafter, "_rows", None) or []
         self.classes = [rows[k].pending.law_class if d and k < len(rows) and rows[k] is not None
                         and rows[k].pending is not None else None for k, d in enumerate(drafts)]
@@ -331,7 +339,148 @@ class GrammarTrim:
         return draft[: matcher.validate_tokens(draft)]
 
 
-def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True):
+class Explainer:
+    """`choose` for simulate over (structure, suffix): always structure's draft (so the replay is the
+    `structure` row), and per step a comparison with what vLLM's suffix proposer drafts from the same
+    history (both trimmed by the request grammar). A *loss* step: suffix's draft is accepted further
+    than structure's; a *pay* step: structure is accepted no less but has more rejected (verified,
+    wasted) tokens than suffix. Each is classified by its cause from what the drafter weighed
+    (`StructureDrafter.explain` notes); see LOSS_CAUSES and PAY_CAUSES. Counted per format, per law
+    class of the token the draft began at, and per source of structure's draft."""
+
+    def __init__(self, structure: StructureCall, turns: list[dict], label: str):
+        self.structure, self.turns, self.label = structure, turns, label
+        self.rows: list[dict] = []  # one per loss or pay step
+
+    def __call__(self, drafts: list[list[int]], truth: list[int], key=None, index: int = 0) -> int:
+        st, sx = drafts
+        a_st, a_sx = _agree(st, truth), _agree(sx, truth)
+        turn = self.turns[key]
+        pos = len(turn["out"]) - len(truth)
+        notes = self.structure.notes
+        note = notes[index] if index < len(notes) else {}
+        base = {"set": self.label, "fmt": turn.get("fmt", "tool_calls"),
+                "law_class": turn["classes"][pos] if "classes" in turn else "?"}
+        if a_sx > a_st:
+            cause, source = loss_cause(note, truth, a_sx)
+            self.rows.append({**base, "kind": "loss", "cause": cause, "source": source,
+                              "tokens": a_sx - a_st})
+        else:
+            extra = (len(st) - a_st) - (len(sx) - a_sx)
+            if extra > 0:
+                cause, source = pay_cause(note, a_st)
+                self.rows.append({**base, "kind": "pay", "cause": cause, "source": source, "tokens": extra})
+            elif a_st > a_sx:
+                self.rows.append({**base, "kind": "gain", "cause": "gain", "source": _source(note),
+                                  "tokens": a_st - a_sx})
+        return 0
+
+
+LOSS_CAUSES = {
+    "budget": "the chosen candidate held the accepted tokens, the budget (price) sent fewer",
+    "gate": "the chosen candidate held accepted tokens, the budget sent none",
+    "forced-first": "forced text / a begun marker went first; the tree's draft was accepted further",
+    "source choice": "own candidate chosen by expected length; the tree's (cut) draft was accepted further",
+    "tree chosen": "the tree draft chosen by expected length; own candidate was accepted further",
+    "segment cut": "the tree's draft was cut at the segment end; uncut it was accepted further",
+    "tree differs": "the drafter's own tree gave a shorter accepted draft than vLLM's suffix (tree state)",
+    "no candidate": "neither source had a draft for the row",
+}
+PAY_CAUSES = {
+    "<source> rejected": "structure sent more rejected tokens than suffix, the first rejected one from "
+                         "<source>",
+}
+
+
+def _source(note: dict) -> str:
+    chosen = note.get("chosen")
+    return chosen.source if chosen is not None else "none"
+
+
+def loss_cause(note: dict, truth: list[int], a_sx: int) -> tuple[str, str]:
+    """(cause, source of structure's candidate) of a step where suffix's draft was accepted further."""
+    chosen, own, tree = note.get("chosen"), note.get("own"), note.get("tree")
+    sent, raw = note.get("sent") or [], note.get("tree_raw") or []
+    a = lambda c: _agree(c.tokens, truth) if c is not None else 0  # noqa: E731
+    source = _source(note)
+    if chosen is not None and _agree(sent, truth) < a(chosen):
+        return ("budget" if sent else "gate"), source
+    if chosen is not None and chosen is own and tree is not None and a(tree) > a(own):
+        return ("forced-first" if note.get("rule") == "forced-first" else "source choice"), source
+    if chosen is not None and chosen is tree and own is not None and a(own) > a(tree):
+        return "tree chosen", source
+    if _agree(raw, truth) > max(a(tree), a(chosen)):
+        return "segment cut", source
+    if _agree(raw, truth) < a_sx:
+        return "tree differs", source
+    return ("no candidate" if chosen is None else "other"), source
+
+
+def pay_cause(note: dict, a_st: int) -> tuple[str, str]:
+    chosen, sent = note.get("chosen"), note.get("sent") or []
+    if chosen is None or a_st >= len(sent):
+        return "trim", _source(note)
+    src = chosen.sources[a_st] if a_st < len(chosen.sources) else chosen.source
+    return f"{src} rejected", _source(note)
+
+
+def explain_rows(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int,
+                 label: str, boundary: str = "wall") -> tuple[list[dict], dict]:
+    """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row."""
+    structure = structure_drafter(gamma, tools, explain=True, boundary=boundary)
+    explainer = Explainer(structure, turns, label)
+    row = simulate(turns, (structure, SuffixDrafter(gamma)), batch, trim=GrammarTrim(grammars),
+                   choose=explainer)
+    return explainer.rows, row
+
+
+def explain_table(rows: list[dict]) -> str:
+    """Counts per cause: steps and tokens per (trace set, format) column, then per law class and per
+    source of structure's draft."""
+    from collections import defaultdict
+
+    out = []
+    cols = sorted({(r["set"], r["fmt"]) for r in rows})
+    for kind, title in (("loss", "LOSS steps: suffix's draft accepted further (tokens: accepted lost)"),
+                        ("pay", "PAY steps: structure verifies more rejected tokens (tokens: extra)"),
+                        ("gain", "GAIN steps: structure accepted further (tokens: accepted gained)")):
+        sel = [r for r in rows if r["kind"] == kind]
+        out.append(title)
+        head = f"  {'cause':<22}" + "".join(f" {s[:10] + '/' + f[:10]:>22}" for s, f in cols)
+        head += f" {'total':>12}"
+        out.append(head)
+        table: dict = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        for r in sel:
+            for c in ((r["set"], r["fmt"]), "total"):
+                cell = table[r["cause"]][c]
+                cell[0] += 1
+                cell[1] += r["tokens"]
+        for cause in sorted(table, key=lambda c: -table[c]["total"][1]):
+            line = f"  {cause:<22}"
+            for c in cols:
+                n, t = table[cause].get(c, [0, 0])
+                line += f" {f'{n} st / {t} tok':>22}"
+            n, t = table[cause]["total"]
+            line += f" {f'{n}/{t}':>12}"
+            out.append(line)
+        for by in ("law_class", "source"):
+            split: dict = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+            for r in sel:
+                cell = split[r["cause"]][r[by]]
+                cell[0] += 1
+                cell[1] += r["tokens"]
+            keys = sorted({r[by] for r in sel})
+            if not keys:
+                continue
+            out.append(f"  by {by} (steps/tokens): " + " | ".join(
+                f"{cause}: " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(split[cause].items()))
+                for cause in sorted(split, key=lambda c: -sum(v[1] for v in split[c].values()))))
+        out.append("")
+    return "\n".join(out)
+
+
+def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
+                      boundary: str = "wall"):
     """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
     (the drafter before they became one of its sources)."""
     from transformers import AutoTokenizer
@@ -344,8 +493,8 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True):
     model = resolve_model(None)
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
-                     learn_delta=False, suffix_trees=suffix_trees)
-    return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)))
+                     learn_delta=False, suffix_trees=suffix_trees, boundary=boundary)
+    return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)), explain=explain)
 
 
 def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
@@ -361,11 +510,11 @@ def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
     from agentspec_sdk.structure.token_labels import TokenClassifier
 
     tok = AutoTokenizer.from_pretrained(resolve_model(None))
-    classifier, agent_format = TokenClassifier(tok), get_format(fmt)
+    classifier = TokenClassifier(tok)
     for t in turns:
         if "classes" not in t:
             text = tok.decode(t["out"], skip_special_tokens=True)
-            t["classes"] = classifier.labels(text, t["out"], segment(agent_format, text))
+            t["classes"] = classifier.labels(text, t["out"], segment(get_format(t.get("fmt", fmt)), text))
 
 
 def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None) -> dict:
@@ -453,8 +602,27 @@ IDEAS = {
 }
 
 
+# The tuned peer's grid: vLLM's suffix_decoding_max_spec_factor and suffix_decoding_min_token_prob
+SUFFIX_GRID = {"max_spec_factor": (0.5, 1.0, 2.0, 4.0), "min_token_prob": (0.05, 0.1, 0.2, 0.3)}
+
+
+def tuned_suffix(turns: list[dict], gamma: int, batch: int, delta: float, trim) -> tuple[dict, dict]:
+    """vLLM's suffix proposer with its two knobs tuned on these turns (the grid point of least cost
+    passes + delta * drafted; in-sample: a bound on what tuning per trace set can give suffix)."""
+    best, knobs = None, {}
+    for factor in SUFFIX_GRID["max_spec_factor"]:
+        for prob in SUFFIX_GRID["min_token_prob"]:
+            row = simulate(turns, SuffixDrafter(gamma, max_spec_factor=factor, min_token_prob=prob), batch,
+                           trim=trim())
+            cost = row["passes"] + delta * row["drafted"]
+            if best is None or cost < best["passes"] + delta * best["drafted"]:
+                best, knobs = row, {"max_spec_factor": factor, "min_token_prob": prob}
+    return best, knobs
+
+
 def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int, delta: float,
-            ideas: bool) -> dict:
+            ideas: bool, quick: bool = False) -> dict:
+    """`quick`: without structure-plain, union and union-bound (the rows that price knowledge)."""
     def trim():  # one GrammarTrim per replay: its matchers advance with the turns
         return GrammarTrim(grammars)
 
@@ -465,9 +633,15 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     rows["ngram"] = simulate(turns, ngram_drafter(gamma), batch, trim=trim())
     rows["suffix"] = simulate(turns, SuffixDrafter(gamma), batch, trim=trim())
     rows["structure"] = simulate(turns, structure(), batch, trim=trim())
-    rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
-    rows["union"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
-    rows["union-bound"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=better)
+    rows["structure-price"] = simulate(turns, structure_drafter(gamma, tools, boundary="price"), batch,
+                                       trim=trim())
+    tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim)
+    rows["suffix-tuned"] = {**tuned, "knobs": knobs}
+    if not quick:
+        rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
+        rows["union"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
+        rows["union-bound"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(),
+                                       choose=better)
     if ideas:
         rows["suffix-own"] = simulate(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
         rows["suffix-finished"] = simulate(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
@@ -483,16 +657,25 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     for row in rows.values():
         row["cost"] = row["passes"] + delta * row["drafted"]
         row["predicted_speedup"] = rows["off"]["passes"] / row["cost"]
-    stock = min(rows["ngram"]["cost"], rows["suffix"]["cost"])
+    stock = min(rows["ngram"]["cost"], rows["suffix"]["cost"], rows["suffix-tuned"]["cost"])
     for row in rows.values():
         row["vs_best_stock"] = stock / row["cost"]
     return rows
 
 
+def set_label(data: dict, path: str) -> str:
+    """A turns file's trace set: bundled or the trace file's stem (e.g. bfcl_long_context)."""
+    from pathlib import Path
+
+    traces = data.get("traces", "bundled")
+    return "bundled" if traces == "bundled" else Path(traces).stem.replace("bfcl_", "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("turns", help="turns file (written by --capture)")
+    ap.add_argument("turns", nargs="+", help="turns file(s) (written by --capture; one with --capture)")
     ap.add_argument("--capture", action="store_true", help="run the off engine and write the turns file")
+    ap.add_argument("--arm", default="D", help="arm to capture: D, D-react or D-code")
     ap.add_argument("--traces", help="trace file to capture (default: the bundled BFCL multi-turn traces)")
     ap.add_argument("--episodes", type=int, default=12)
     ap.add_argument("--segments", type=int, default=3)
@@ -502,33 +685,67 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--delta", type=float, default=0.2)
     ap.add_argument("--ideas", action="store_true", help="add the rows of IDEAS")
+    ap.add_argument("--quick", action="store_true", help="without the structure-plain and union rows")
+    ap.add_argument("--explain", action="store_true",
+                    help="classify every step where suffix's draft beats structure's (see Explainer)")
+    ap.add_argument("--boundary", default="wall", choices=("wall", "price"),
+                    help="--explain: the structure drafter's plan boundary")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.capture:
-        capture(args.turns, args.episodes, args.segments, args.max_tokens, args.traces)
+        if len(args.turns) != 1:
+            ap.error("--capture writes one turns file")
+        capture(args.turns[0], args.episodes, args.segments, args.max_tokens, args.traces, args.arm)
         return
-    with open(args.turns, encoding="utf-8") as fh:
-        data = json.load(fh)
-    turns = data["turns"]
-    label_turns(turns)
-    tokens = sum(len(t["out"]) - 1 for t in turns)
     gammas = [args.gamma] if args.gamma else [int(g) for g in args.gammas.split(",") if g.strip()]
+    files = []
+    for path in args.turns:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        label_turns(data["turns"])
+        files.append((path, data))
+    if args.explain:
+        for g in gammas:
+            rows, summary = [], []
+            for path, data in files:
+                got, row = explain_rows(data["turns"], data["tools"], data.get("grammars", []), g, args.batch,
+                                        set_label(data, path), args.boundary)
+                rows += got
+                summary.append(f"{path}: {len(data['turns'])} turns, structure passes {row['passes']}, "
+                               f"drafted {row['drafted']}, accepted {row['accepted']}")
+            if args.json:
+                print(json.dumps({"gamma": g, "batch": args.batch, "steps": rows}, indent=1))
+                continue
+            print(f"explain: structure (boundary {args.boundary}) against vLLM's suffix on the same "
+                  "histories, "
+                  f"γ={g}, b={args.batch}")
+            print("\n".join(summary))
+            print(explain_table(rows))
+        return
+    for path, data in files:
+        report(path, data, gammas, args)
+
+
+def report(path: str, data: dict, gammas: list[int], args) -> None:
+    turns = data["turns"]
+    tokens = sum(len(t["out"]) - 1 for t in turns)
     result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta,
-                         args.ideas)
+                         args.ideas, args.quick)
               for g in gammas}
     if args.json:
-        print(json.dumps({"turns_file": args.turns, "traces": data.get("traces", "bundled"),
+        print(json.dumps({"turns_file": path, "traces": data.get("traces", "bundled"),
                           "turns": len(turns), "tokens": tokens, "batch": args.batch, "delta": args.delta,
                           "gammas": {str(g): rows for g, rows in result.items()}}, indent=1))
         return
     for g, rows in result.items():
-        print(f"{data.get('traces', 'bundled')}: {len(turns)} turns, {tokens} output tokens after the first, "
-              f"b={args.batch}, γ={g}, delta={args.delta}")
+        print(f"{path} ({set_label(data, path)}, arm {data.get('arm', 'D')}): {len(turns)} turns, {tokens} "
+              f"output tokens after the first, b={args.batch}, γ={g}, delta={args.delta}")
         print(f"{'drafter':<16} {'passes':>7} {'drafted':>8} {'accepted':>9} {'cost':>7} {'× off':>6} "
-              f"{'÷stock':>7}")
+              f"{'÷stock':>7}  (stock: the best of ngram, suffix, suffix-tuned)")
         for name, r in rows.items():
-            print(f"{name:<16} {r['passes']:>7} {r['drafted']:>8} {r['accepted']:>9} {r['cost']:>7.0f} "
-                  f"{r['predicted_speedup']:>6.2f} {r['vs_best_stock']:>7.2f}")
+            knobs = f"  {r['knobs']}" if "knobs" in r else ""
+            print(f"{name:<16} {r['passes']:>7} {r['drafted']:>8} {r['accepted']:>9} {r['cost']:>7.1f} "
+                  f"{r['predicted_speedup']:>6.2f} {r['vs_best_stock']:>7.3f}{knobs}")
         print("per class of the token a draft began at (drafted / accepted, acceptance):")
         for name, r in rows.items():
             if r.get("by_class") and r["drafted"]:

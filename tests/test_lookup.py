@@ -80,3 +80,25 @@ def test_lookup_reuses_an_earlier_tool_call_of_the_prompt(smollm_tokenizer):
     text = tok.decode(draft)
     assert text.startswith('okup", "arguments"'), text
     assert "<|im_end|>" not in text
+
+
+def test_corpus_index_finds_what_the_string_search_finds(monkeypatch):
+    """The index answers as `longest_match` over its text (grams occurring at most CAP times)."""
+    import random
+
+    from agentspec_sdk.drafting.lookup import CorpusIndex
+
+    monkeypatch.setattr(CorpusIndex, "DIRECT", 0)  # the index even for short texts
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        alphabet = 'ab c"{é'[: rng.randint(2, 7)]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        index = CorpusIndex(text[:50])
+        index.extend(text[50:])
+        query = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        end = rng.randint(0, len(text) + 1)
+        assert index.longest_match(query, end, 3, 64) == longest_match(query, text, end, 3, 64)
+    corpus = 'x "city": "Paris" y "city": "Rome" z'
+    cont, _, k = continuation('{"city": "', [(CorpusIndex(corpus), len(corpus))], min_chars=3)
+    assert (cont[:4], k) == ("Rome", 9)  # the most recent occurrence of the longest match

@@ -166,3 +166,43 @@ def test_label_turns_classifies_a_tool_call_as_schema(offline):
     turns = [{"prompt": [1], "out": out}]
     offline.label_turns(turns)
     assert len(turns[0]["classes"]) == len(out) and set(turns[0]["classes"]) == {"S"}
+
+
+DATA = Path(__file__).resolve().parent / "data" / "react_turns.json"
+
+
+@pytest.fixture(scope="module")
+def react_turns(offline):
+    import json
+
+    data = json.loads(DATA.read_text())
+    offline.label_turns(data["turns"])
+    return data
+
+
+def _explained(offline, data, boundary):
+    structure = offline.structure_drafter(8, data["tools"], explain=True, boundary=boundary)
+    explainer = offline.Explainer(structure, data["turns"], "bundled")
+    row = offline.simulate(data["turns"], (structure, offline.SuffixDrafter(8)), batch=8, choose=explainer)
+    lost = {}
+    for r in explainer.rows:
+        if r["kind"] == "loss":
+            lost[r["cause"]] = lost.get(r["cause"], 0) + r["tokens"]
+    return row, lost
+
+
+def test_segment_cut_loss_on_captured_react_turns(offline, react_turns):
+    """The loss cause --explain found first on ReAct (suffix's draft runs through `Action:` / `Action
+    Input:` / the next Thought line, and the wall cuts it): on 8 captured turns the wall loses
+    accepted tokens to it; pricing the tokens past the boundary (boundary "price") recovers most of
+    them and needs fewer passes."""
+    wall, wall_lost = _explained(offline, react_turns, "wall")
+    price, price_lost = _explained(offline, react_turns, "price")
+    assert wall_lost.get("segment cut", 0) >= 20
+    assert price_lost.get("segment cut", 0) <= wall_lost["segment cut"] / 3
+    assert price["passes"] < wall["passes"]
+    # the explainer never changes what is drafted: the row is the structure drafter's own
+    alone = offline.structure_drafter(8, react_turns["tools"])
+    plain = offline.simulate(react_turns["turns"], alone, batch=8)
+    assert (plain["passes"], plain["drafted"], plain["accepted"]) == \
+        (wall["passes"], wall["drafted"], wall["accepted"])

@@ -107,3 +107,48 @@ def test_expected_value_compares_tree_and_learned_candidates(tok):
     lookup = Candidate([1, 2, 3], ["lookup"] * 3, "reasoning", "R")
     a = drafter.accounting.acceptance.alpha("R", "lookup")
     assert drafter._expected(lookup) == pytest.approx(a + a * a + a ** 3)
+
+
+def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>"):
+    """Row A writes a sentence and `then` (opens a tool call); row B begins the same sentence: B's draft."""
+    drafter = StructureDrafter(plan, tok)
+    said = " First we book the train to Lyon, then the hotel near the station."
+    a_prompt = _history(tok, "")
+    a_out = np.array(tok.encode(said + then), dtype=np.int64)
+    for n in range(0, len(a_out) + 1, 4):
+        drafter.propose([RowInput(np.concatenate([a_prompt, a_out[:n]]))])
+    drafter.propose([RowInput(np.concatenate([a_prompt, a_out]))])
+    msgs = [{"role": "system", "content": "Think, then call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Another user, another request entirely."}]
+    b_prompt = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    at = len(tok.encode(said)) - 4  # four tokens of the sentence left, then the marker
+    b_ids = np.array(b_prompt + a_out[:at].tolist(), dtype=np.int64)
+    drafts = drafter.propose([RowInput(np.concatenate([a_prompt, a_out])), RowInput(b_ids)])
+    return drafts[1], drafter._rows[1].pending, a_out[at:].tolist()
+
+
+def test_boundary_price_switch(tok):
+    """boundary "wall": B's draft stops where its reasoning segment ends. boundary "price": the tree's
+    tokens past the end (the `<tool_call>` A wrote next) stay in the candidate as source "cross",
+    worth their confidence times the class's learned acceptance (here the prior, R 0.45), and are
+    sent where that pays: at delta 0.02 (price 0.04 per row of 2) they are, at delta 0.3 (0.46) not."""
+    wall, wall_pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False))
+    assert "<tool_call>" not in tok.decode(wall) and "cross" not in wall_pending.sources
+    cheap, pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="price"))
+    assert cheap == truth[:len(cheap)] and len(cheap) > len(wall)
+    assert "<tool" in tok.decode(cheap) and "cross" in pending.sources
+    assert pending.sources[:len(wall)] == ["suffix"] * len(wall)
+    dear, dear_pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="price",
+                                                       delta=0.3))
+    assert dear == wall and "cross" not in dear_pending.sources
+    with pytest.raises(Exception, match="boundary"):
+        DraftPlan(boundary="open")
+
+
+def test_a_draft_never_ends_with_the_turn_end(tok):
+    """Accepted, a trailing turn end saves nothing (the target's own token in the same pass ends the
+    turn too): the tree's draft that ends the turn loses its last token, with any boundary."""
+    for boundary in ("wall", "price"):
+        draft, pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary=boundary),
+                                            then="<|im_end|>")
+        assert truth[-1] == 2 and draft == truth[:len(draft)] and draft and 2 not in draft

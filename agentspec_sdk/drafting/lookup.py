@@ -5,11 +5,18 @@ word in the user's message even though the two are tokenized differently there. 
 the current segment (at least `min_chars`) that occurs in a corpus wins; among equal lengths the earlier
 corpus in the list wins, and inside one corpus the most recent occurrence. Corpora are separated by
 NUL characters and a continuation never runs over one.
+
+Corpora that grow with the context (the prompt before the turn, earlier segments of each kind) are
+`CorpusIndex`es: the longest match is found from the most recent occurrences of the query's last
+characters, so a lookup's work does not grow with the context (see `CorpusIndex`). The current segment
+is searched with `str.rfind` (it is bounded by the turn).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 SEPARATOR = "\x00"
 
@@ -37,17 +44,140 @@ def longest_match(query: str, corpus: str, end: int, min_k: int, max_k: int) -> 
     return best_k, best_pos
 
 
-def continuation(query: str, corpora: Sequence[tuple[str, int]], *, min_chars: int = 3,
+class CorpusIndex:
+    """Append-only text indexed by its `SHORT`- and `LONG`-character grams: per gram length, the
+    grams' codes (numpy, sorted, stable) and the end offset of each occurrence. `longest_match`
+    examines at most `CAP` of the most recent occurrences of the query's last `LONG` characters
+    (matches of `LONG` or more characters), and otherwise of its last `SHORT` characters: its work is
+    bounded whatever the text's length. It is exact (the same answer as `longest_match` over the
+    text) unless a gram occurs more than `CAP` times, when an older, longer match may be missed.
+    `checked` counts the occurrences examined. A `SHORT` gram's code is exact (21 bits a character);
+    a `LONG` one is a 64-bit polynomial hash, and every candidate is compared as text anyway."""
+
+    SHORT, LONG, CAP = 3, 8, 48
+    DIRECT = 4096  # up to this many characters a string search is cheaper than the index (and bounded)
+    __slots__ = ("text", "_tables", "checked")
+
+    def __init__(self, text: str = ""):
+        self.text = ""
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # built at the first search
+        self.checked = 0
+        self.extend(text)
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def extend(self, piece: str) -> None:
+        """Append text (the index is rebuilt at the next search: corpora grow a segment at a time, not
+        per step)."""
+        if piece:
+            self.text += piece
+            self._tables = None
+
+    def _build(self) -> None:
+        self._tables = {}
+        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        for gram in (self.SHORT, self.LONG):
+            if len(codes) < gram:
+                self._tables[gram] = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+                continue
+            h = _gram_codes(codes, gram)
+            order = np.argsort(h, kind="stable")
+            self._tables[gram] = (h[order], order.astype(np.int64) + gram)  # end offsets, ascending per key
+
+    def _ends(self, gram: int, key: str, end: int) -> list[int]:
+        """End offsets (at most `end`) of the occurrences of `key`, the most recent `CAP`, latest first."""
+        keys, ends = self._tables[gram]
+        code = np.uint64(_key_code(key))
+        lo, hi = int(keys.searchsorted(code, "left")), int(keys.searchsorted(code, "right"))
+        if lo == hi:
+            return []
+        sel = ends[lo:hi]
+        stop = int(sel.searchsorted(end, "right"))
+        return sel[max(0, stop - self.CAP):stop][::-1].tolist()
+
+    def longest_match(self, query: str, end: int, min_k: int, max_k: int) -> tuple[int, int]:
+        """As `longest_match(query, self.text, end, min_k, max_k)`, from the indexed occurrences."""
+        max_k = min(max_k, len(query))
+        if max_k < min_k or end <= 0:
+            return 0, -1
+        if min_k < self.SHORT or len(self.text) <= self.DIRECT:
+            return longest_match(query, self.text, end, min_k, max_k)
+        if self._tables is None:
+            self._build()
+        best_k, best_e = 0, -1
+        if max_k >= self.LONG:
+            best_k, best_e = self._best(self._ends(self.LONG, query[-self.LONG:], end), query, self.LONG,
+                                        max_k)
+        if best_k == 0:
+            best_k, best_e = self._best(self._ends(self.SHORT, query[-self.SHORT:], end), query, min_k,
+                                        min(max_k, self.LONG - 1))
+        return (best_k, best_e - best_k) if best_k else (0, -1)
+
+    def _best(self, recent: list[int], query: str, min_k: int, max_k: int) -> tuple[int, int]:
+        text = self.text
+        best_k, best_e, seen = 0, -1, 0
+        for e in recent:
+            if best_k >= max_k:
+                break
+            seen += 1
+            want = max(best_k + 1, min_k)  # a match no longer than the best so far loses to it
+            if want > e or text[e - want:e] != query[-want:]:
+                continue
+            lo, hi = want, min(max_k, e)  # text[e-lo:e] matches; find the longest by bisection
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if text[e - mid:e] == query[-mid:]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            best_k, best_e = lo, e
+        self.checked += seen
+        return best_k, best_e
+
+
+_PRIME = np.uint64(0x100000001B3)
+
+
+def _gram_codes(codes: np.ndarray, gram: int) -> np.ndarray:
+    """One code per `gram`-character window of `codes` (uint64 code points): exact for 3 characters
+    (21 bits each), a polynomial hash mod 2**64 for longer grams."""
+    n = len(codes) - gram + 1
+    if gram == 3:
+        return (codes[:n] << np.uint64(42)) | (codes[1:n + 1] << np.uint64(21)) | codes[2:n + 2]
+    h = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(gram):
+            h = h * _PRIME + codes[j:n + j]
+    return h
+
+
+def _key_code(key: str) -> int:
+    """`_gram_codes` of one gram, in Python integers."""
+    if len(key) == 3:
+        return (ord(key[0]) << 42) | (ord(key[1]) << 21) | ord(key[2])
+    h, prime, mask = 0, int(_PRIME), (1 << 64) - 1
+    for ch in key:
+        h = (h * prime + ord(ch)) & mask
+    return h
+
+
+def continuation(query: str, corpora: Sequence[tuple[str | CorpusIndex, int]], *, min_chars: int = 3,
                  max_match: int = 64, max_chars: int = 64, follow_chars: int = 8) -> tuple[str, str, int]:
     """(text that followed the best earlier match, the text after that, matched length);
     ("", "", 0) if nothing matches. The second part (up to `follow_chars`) tells the tokenizer what
     comes next, so the continuation's last token is only kept if it would not merge with it.
 
-    `corpora` are (text, end) pairs: only occurrences ending at or before `end` count.
+    `corpora` are (text, end) pairs, a text a str or a `CorpusIndex`: only occurrences ending at or
+    before `end` count.
     """
     best_k, best_text, best_pos = 0, "", -1
     for text, end in corpora:
-        k, pos = longest_match(query, text, end, min_chars, max_match)
+        if isinstance(text, CorpusIndex):
+            k, pos = text.longest_match(query, end, min_chars, max_match)
+            text = text.text
+        else:
+            k, pos = longest_match(query, text, end, min_chars, max_match)
         if k > best_k:
             best_k, best_text, best_pos = k, text, pos
     if best_k == 0:

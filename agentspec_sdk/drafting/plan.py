@@ -40,12 +40,19 @@ class DraftPlan:
     gate: bool = True
     isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
     budget: bool = True  # False: ablation "structure-without-budget" (fixed gamma_max for every row)
+    # Past the segment end: "wall" (a draft stops there) or "price" (the suffix tree's tokens past the
+    # boundary stay in the candidate as source "cross", each worth its tree confidence times the
+    # learned acceptance of (class, "cross"), and the budget sends them only where that pays)
+    boundary: str = "wall"
     records_path: str | None = None
     records_max_bytes: int | None = None  # rotate the records file past this size; None: 64 MiB
     lookup_min_chars: int = 3
     # SuffixDecoding's trees (arctic-inference) as a draft source inside segments; off when the
     # package is missing (logged) or for the ablation "structure-no-suffix"
     suffix_trees: bool = True
+    # the trees' two knobs (vLLM's suffix_decoding_max_spec_factor / _min_token_prob; vLLM's defaults)
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
     version: int = 0
 
     def __post_init__(self) -> None:
@@ -73,6 +80,13 @@ class DraftPlan:
                 or self.records_max_bytes < 4096):
             raise PlanError(f"plan: records_max_bytes must be None or an integer >= 4096, "
                             f"got {self.records_max_bytes!r}")
+        factor, prob = self.suffix_max_spec_factor, self.suffix_min_token_prob
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+            raise PlanError(f"plan: suffix_max_spec_factor must be a number > 0, got {factor!r}")
+        if isinstance(prob, bool) or not isinstance(prob, int | float) or not 0 <= prob <= 1:
+            raise PlanError(f"plan: suffix_min_token_prob must be in [0, 1], got {prob!r}")
+        if self.boundary not in ("wall", "price"):
+            raise PlanError(f"plan: boundary must be 'wall' or 'price', got {self.boundary!r}")
         if not self.formats:
             raise PlanError("plan: formats must name at least one agent format")
         try:

@@ -8,20 +8,19 @@ tool-call matcher of the open segment and the draft awaiting resolution.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentspec_sdk.drafting.fingerprint import RollingHash
 from agentspec_sdk.drafting.forced import CallMatcher
-from agentspec_sdk.drafting.lookup import SEPARATOR
+from agentspec_sdk.drafting.lookup import SEPARATOR, CorpusIndex
 from agentspec_sdk.drafting.records import PendingDraft
-from agentspec_sdk.drafting.text import HistoryText
+from agentspec_sdk.drafting.suffix_source import SuffixTrees
+from agentspec_sdk.drafting.text import HistoryText, TokenBytes
+from agentspec_sdk.structure.formats import AgentFormat
 from agentspec_sdk.structure.segmenter import Segmenter, segment
-
-if TYPE_CHECKING:
-    from agentspec_sdk.drafting.drafter import StructureDrafter
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,29 +56,51 @@ class Candidate:
         return self.sources[0]
 
 
-class RowState:
-    """Cached state of one request's row."""
+@dataclass(frozen=True, slots=True)
+class RowContext:
+    """What a row's state needs from the drafter that tracks it (and nothing else): the suffix trees
+    (or None), the vocabulary's bytes, the chat template's turn markers and the format picker."""
 
-    __slots__ = ("ids", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
+    trees: SuffixTrees | None
+    token_bytes: TokenBytes
+    turn_start: str
+    turn_end: str
+    pick_format: Callable[[str], AgentFormat]
+
+
+TAIL = 64  # tokens of its history a row state keeps (≥ the suffix trees' depth and the BPE anchor)
+
+
+class RowState:
+    """Cached state of one request's row. Per step it does work in the tokens the row gained, not in
+    its history: the prompt's text is decoded and indexed once (`HistoryText.freeze`,
+    `lookup.CorpusIndex`), the segmenter and the suffix tree are fed the new tokens only, and a row
+    is recognised by its length and its last `TAIL` tokens."""
+
+    __slots__ = ("tail", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
                  "call", "call_start", "pending", "trees", "tree_key")
 
-    def __init__(self, drafter: StructureDrafter, ids: np.ndarray):
-        self.ids = np.array(ids, dtype=np.int64)
-        self.n = len(self.ids)
+    def __init__(self, drafter: RowContext, ids: np.ndarray):
+        ids = np.asarray(ids, dtype=np.int64)
+        self.tail = ids[-TAIL:].copy()
+        self.n = len(ids)
         self.trees = drafter.trees
-        self.tree_key = self.trees.start(self.ids) if self.trees is not None else -1
-        self.hash = RollingHash.of(self.ids)
+        self.tree_key = self.trees.start(ids) if self.trees is not None else -1
+        self.hash = RollingHash.of(ids)
         self.text = HistoryText(drafter.token_bytes)
-        self.text.extend(self.ids.tolist())
+        self.text.extend(ids.tolist())
         full = self.text.text
         at = full.rfind(drafter.turn_start)
         self.turn_char = at + len(drafter.turn_start) if at >= 0 else 0
-        self.prompt_text = full[: self.turn_char]
-        self.fmt = drafter.pick_format(self.prompt_text)
-        self.corpora: dict[str, str] = {}
-        for turn in model_turns(self.prompt_text, drafter.turn_start, drafter.turn_end):
+        self.text.freeze(self.turn_char)
+        self.prompt_text = CorpusIndex(full[: self.turn_char])
+        self.fmt = drafter.pick_format(full[: self.turn_char])
+        pieces: dict[str, list[str]] = {}
+        for turn in model_turns(full[: self.turn_char], drafter.turn_start, drafter.turn_end):
             for span in segment(self.fmt, turn):
-                self._add_corpus(span.kind, turn[span.start:span.end])
+                if span.end > span.start:
+                    pieces.setdefault(span.kind, []).append(turn[span.start:span.end] + SEPARATOR)
+        self.corpora: dict[str, CorpusIndex] = {k: CorpusIndex("".join(v)) for k, v in pieces.items()}
         self.seg = Segmenter(self.fmt)
         self._feed(full[self.turn_char:])
         self.call: CallMatcher | None = None
@@ -88,13 +109,16 @@ class RowState:
 
     def matches(self, ids: np.ndarray, max_growth: int) -> bool:
         n = self.n
-        return n <= len(ids) <= n + max_growth and np.array_equal(ids[:n], self.ids[:n])
+        if not n <= len(ids) <= n + max_growth:
+            return False
+        k = len(self.tail)
+        return np.array_equal(ids[n - k:n], self.tail)
 
     def advance(self, ids: np.ndarray) -> None:
         new = ids[self.n:]
         if not len(new):
             return
-        self.ids = np.array(ids, dtype=np.int64)
+        self.tail = np.asarray(ids[-TAIL:], dtype=np.int64).copy()
         self.n = len(ids)
         new_list = new.tolist()
         self.hash.extend(new_list)
@@ -105,16 +129,18 @@ class RowState:
     def _feed(self, chunk: str) -> None:
         if not chunk:
             return
-        turn = self.text.text
+        base = self.turn_char
         for span in self.seg.feed(chunk):
-            self._add_corpus(span.kind, turn[self.turn_char + span.start:self.turn_char + span.end])
+            self._add_corpus(span.kind, self.text.slice(base + span.start, base + span.end))
 
     def _add_corpus(self, kind: str, text: str) -> None:
         if text:
-            self.corpora[kind] = self.corpora.get(kind, "") + text + SEPARATOR
+            if kind not in self.corpora:
+                self.corpora[kind] = CorpusIndex()
+            self.corpora[kind].extend(text + SEPARATOR)
 
     def segment_text(self) -> str:
-        return self.text.text[self.turn_char + self.seg.current.start:]
+        return self.text.slice(self.turn_char + self.seg.current.start)
 
     @property
     def pending_len(self) -> int:

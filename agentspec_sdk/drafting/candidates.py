@@ -1,0 +1,374 @@
+"""Candidate drafts of one row: the half of `StructureDrafter` that builds a row's draft before sizing.
+
+Grammar-forced text inside a tool call chained with in-segment lookup, a repeated call, a begun open
+marker completed, the suffix trees' draft; cut at the segment's end (boundary "wall") or priced past it
+(boundary "price"), turned into tokens as the model's BPE would write them. `CandidateBuilder` is a base
+of `StructureDrafter` and reads its plan, matchers, trees and acceptance estimates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
+from agentspec_sdk.drafting.lookup import continuation
+from agentspec_sdk.drafting.rows import Candidate, RowState
+from agentspec_sdk.drafting.text import TokenBytes
+from agentspec_sdk.structure.formats import LawClass
+from agentspec_sdk.structure.segmenter import Segmenter
+
+ANCHOR_TOKENS = 4  # emitted tokens re-tokenized together with a draft (BPE context)
+MAX_MATCH_CHARS = 64
+# What usually follows forced JSON text (a value's first letter or digit): a last forced token that
+# survives these stays in the draft.
+FORCED_PROBES = ("a", "0")
+# After a lookup draft cut where the grammar or the segment ends it: what may come next there.
+TRIMMED_PROBES = ("a", "0", '"')
+
+
+class CandidateBuilder:
+    """Builds each row's `Candidate`; the drafter (its subclass) holds `plan`, `gamma`, `ll`, `end_ids`,
+    `token_bytes`, `trees`, `accounting`, `explain`, `suffix_chosen`, `_registry`, `_call_grammar` and
+    `_proto` (one prototype matcher per grammar)."""
+
+    def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
+        """The row's draft before sizing. `note` (explain mode): filled with what was weighed.
+
+        A draft's trailing turn-end tokens are worth nothing: accepted, the turn ends where the
+        target's own next token would have ended it in the same pass, so they are not drafted."""
+        cand = self._choose(st, note)
+        if cand is None or cand.tokens[-1] not in self.end_ids:
+            return cand
+        n = len(cand.tokens)
+        while n and cand.tokens[n - 1] in self.end_ids:
+            n -= 1
+        if not n:
+            return None
+        conf = cand.confidences[:n] if cand.confidences is not None else None
+        return Candidate(cand.tokens[:n], cand.sources[:n], cand.kind, cand.law_class, conf)
+
+    def _choose(self, st: RowState, note: dict | None = None) -> Candidate | None:
+        own = self._structure_candidate(st)
+        note = {} if note is None else note
+        note.update(own=own, tree=None, tree_raw=[], rule="own")
+        priced = self.plan.boundary == "price" and self.plan.isolation
+        if self.trees is None:
+            return own
+        if own is not None and own.source in ("forced", "marker"):  # grammar-forced text goes first
+            note["rule"] = "forced-first"
+            if priced or self.explain is not None:  # what the tree would have offered
+                note["tree"] = self._suffix_candidate(st, note)
+            return self._through(own, note) if priced else own
+        tree = note["tree"] = self._suffix_candidate(st, note)
+        if tree is not None and (own is None or self._expected(tree) > self._expected(own)):
+            self.suffix_chosen += 1
+            note["rule"] = "tree"
+            return tree
+        return self._through(own, note) if priced and own is not None else own
+
+    def _through(self, own: Candidate, note: dict) -> Candidate:
+        """Own candidate continued past the segment end by the tree (boundary "price"): when the
+        tree's draft begins with own's tokens, its further tokens are appended as source "cross"."""
+        raw, conf = note.get("tree_raw") or [], note.get("tree_conf") or []
+        n = len(own.tokens)
+        if len(raw) <= n or raw[:n] != own.tokens:
+            return own
+        cross = self.accounting.acceptance.alpha(own.law_class, "cross")
+        return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
+                         own.law_class, self._confidences(own) + [c * cross for c in conf[n:]])
+
+    def _suffix_candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
+        """SuffixDecoding's draft for this row, cut where the current segment ends (boundary "wall")
+        or priced past it (boundary "price": the tokens after the end are source "cross")."""
+        tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma)
+        if note is not None:
+            note["tree_raw"], note["tree_conf"] = list(tokens), list(conf)
+        if not tokens:
+            return None
+        kind = st.fmt.kind(st.seg.kind)
+        law_class = kind.law_class.value
+        sources = ["suffix"] * len(tokens)
+        if self.plan.isolation:
+            keep = self._inside(st, tokens)
+            if self.plan.boundary == "price" and keep < len(tokens):
+                cross = self.accounting.acceptance.alpha(law_class, "cross")
+                sources[keep:] = ["cross"] * (len(tokens) - keep)
+                conf = conf[:keep] + [c * cross for c in conf[keep:]]
+            else:
+                tokens, conf, sources = tokens[:keep], conf[:keep], sources[:keep]
+        if not tokens:
+            return None
+        return Candidate(tokens, sources, kind.name, law_class, conf)
+
+    def _inside(self, st: RowState, tokens: list[int]) -> int:
+        """How many of `tokens` lie inside the current segment (a token holding the boundary is out)."""
+        pieces = [self.token_bytes[t] for t in tokens]
+        text = b"".join(pieces).decode("utf-8", errors="replace")
+        cut = st.seg.boundary_in(text)
+        if cut is None:
+            return len(tokens)
+        return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
+
+    def _expected(self, cand: Candidate) -> float:
+        """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""
+        return float(np.cumprod(self._confidences(cand)).sum())
+
+    def _confidences(self, cand: Candidate) -> list[float]:
+        if cand.confidences is not None:
+            return cand.confidences
+        acc, cache = self.accounting.acceptance, {}
+        out = []
+        for src in cand.sources:
+            if src not in cache:
+                cache[src] = acc.alpha(cand.law_class, src)
+            out.append(cache[src])
+        return out
+
+    def _structure_candidate(self, st: RowState) -> Candidate | None:
+        seg = st.seg
+        kind = st.fmt.kind(seg.kind)
+        if self.gamma == 0:
+            return None
+        opening = self._opening(st) if self.plan.isolation and not kind.delimited else None
+        if opening is not None:  # the model began an open marker: the draft is the new segment's
+            return self._opening_candidate(st, *opening)
+        law_class = kind.law_class.value
+        seg_text = st.segment_text()
+        # A segment of an environment kind in the model's own output (a small model writing its own
+        # <tool_response>) gets lookup drafts only: no grammar governs it.
+        forced = self._forced(st, kind, seg_text) if kind.writer == "model" else ""
+        call = st.call if kind.writer == "model" and st.call is not None \
+            and st.call_start == seg.current.start else None
+        text, keep_last, probes, parts = self._chain(st, kind, law_class, seg_text, call, forced)
+        if not text:
+            return None
+        tokens, sources = self._tokens_for(st, text, parts, keep_last=keep_last, probes=probes)
+        return Candidate(tokens, sources, kind.name, law_class) if tokens else None
+
+    def _opening(self, st: RowState):
+        """(kind, marker) when the text held back by the segmenter begins the open marker of a
+        model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
+        belongs to the new segment, so drafting the rest of the marker stays inside it."""
+        held = st.seg.pending
+        if not held:
+            return None
+        for kind in st.fmt.kinds:
+            if kind.writer != "model" or kind.law_class is not LawClass.S or not kind.delimited:
+                continue
+            for marker in kind.open:
+                if marker.startswith(held) and marker != held:
+                    return kind, marker
+        return None
+
+    def _opening_candidate(self, st: RowState, kind, marker: str) -> Candidate | None:
+        rest = marker[len(st.seg.pending):]
+        call = self._matcher_for(st, kind, marker) if self._registry is not None else None
+        forced = call.forced_text("") if call is not None else ""
+        law_class = kind.law_class.value
+        text, keep_last, probes, parts = self._chain(st, kind, law_class, marker, call, forced)
+        seg = st.seg.clone()
+        seg.feed(rest)
+        # the marker's rest is a guess (the model may be opening another marker with the same start)
+        parts = [(0, "marker")] + [(len(rest) + at, src) for at, src in parts]
+        tokens, sources = self._tokens_for(st, rest + text, parts, keep_last=keep_last or not text,
+                                           probes=probes,
+                                           seg=seg, offset=len(rest))
+        return Candidate(tokens, sources, kind.name, law_class) if tokens else None
+
+    def _chain(self, st: RowState, kind, law_class: str, seg_text: str, call, forced: str):
+        """(draft text, keep its last token, probes for the last token, parts: (offset, source) where
+        each source's text begins).
+
+        Sources alternate up to the draft's character budget: grammar-forced text, then a lookup
+        continuation of the segment typed so far plus the draft, then forced text again (the matcher
+        is advanced over the draft and restored afterwards), until the close marker or nothing more."""
+        budget = 6 * self.gamma + 8
+        close = _close_of(kind, seg_text)
+        opener = _open_of(kind, seg_text) or ""
+        saved = call.save() if call is not None else None
+        text, follow, ended, last = "", "", False, ""
+        parts: list[tuple[int, str]] = []
+
+        def add(piece: str, source: str) -> None:
+            nonlocal text, last
+            if not parts or parts[-1][1] != source:
+                parts.append((len(text), source))
+            text += piece
+            last = source
+
+        try:
+            while len(text) < budget:
+                query = seg_text + text
+                more, follow, matched = self._repeat(st, kind, query)
+                source = "repeat"
+                if not (more and matched >= len(query)):  # unless the segment so far repeats an earlier one
+                    source = "lookup"
+                    if forced:
+                        add(forced, "forced")
+                        if close and text.endswith(close):
+                            ended = True
+                            break
+                        if not close:  # ReAct's name/arguments: the forced text ends where the grammar does
+                            break
+                    more, follow, matched = self._lookup(st, kind, law_class, seg_text + text)
+                    if forced and matched < len(forced) + self.plan.lookup_min_chars:
+                        break  # a match inside the forced text only echoes the grammar
+                if more and call is not None:
+                    allowed = call.allowed_after(seg_text[len(opener):] + text, more)
+                    if allowed != more:  # vLLM would trim the rest by the request grammar anyway
+                        more, follow = allowed, ""
+                if not more:
+                    break
+                add(more, source)
+                if close and text.endswith(close):
+                    ended = True
+                    break
+                if call is None or len(text) >= budget:
+                    break
+                forced = call.forced_text(seg_text[len(opener):] + text)
+        finally:
+            if call is not None:
+                call.restore(saved)
+        if not text:
+            return "", False, (), []
+        if ended:
+            return text, True, (), parts
+        if last == "forced":
+            probes = FORCED_PROBES
+        else:
+            probes = (follow,) if follow else TRIMMED_PROBES
+        return text, False, probes, parts
+
+    def _forced(self, st: RowState, kind, seg_text: str) -> str:
+        if self._registry is None or kind.law_class is not LawClass.S:
+            return ""
+        start = st.seg.current.start
+        if st.call_start != start:  # a new segment: a new matcher (or None: nothing to force here)
+            st.call, st.call_start = self._matcher_for(st, kind, seg_text), start
+        opener = _open_of(kind, seg_text)
+        if st.call is None or opener is None:
+            return ""
+        return st.call.forced_text(seg_text[len(opener):])
+
+    def _matcher_for(self, st: RowState, kind, seg_text: str) -> CallMatcher | None:
+        """Which grammar forces text in this segment kind: a JSON tool call between markers (the
+        union over tools), ReAct's ``Action:`` (a tool name), ReAct's ``Action Input:`` (the arguments
+        of the tool named in the preceding action)."""
+        if kind.content == "json" and kind.delimited:
+            close = _close_of(kind, seg_text)
+            key = ("call", close)
+            if key not in self._proto:
+                self._proto[key] = CallMatcher(self.ll, self._call_grammar, close)
+        elif kind.name == "action" and not kind.delimited:
+            key = ("names",)
+            if key not in self._proto:
+                self._proto[key] = CallMatcher(self.ll, name_grammar(self._registry.names))
+        elif kind.name == "action_input":
+            name = self._named_tool(st)
+            if name is None:
+                return None
+            key = ("args", name)
+            if key not in self._proto:
+                grammar = _tool_call_grammar([self._registry.get(name)])
+                self._proto[key] = ArgsMatcher(self.ll, grammar, name)
+        else:
+            return None
+        return self._proto[key].fork()
+
+    def _named_tool(self, st: RowState) -> str | None:
+        turn = st.text.slice(st.turn_char)
+        for span in reversed(st.seg.spans):
+            if span.kind == "action":
+                text = turn[span.start:span.end]
+                marker = _open_of(st.fmt.kind("action"), text) or ""
+                name = text[len(marker):].strip()
+                return name if name in self._registry else None
+        return None
+
+    def _repeat(self, st: RowState, kind, query: str) -> tuple[str, str, int]:
+        """Lookup in earlier segments of the same kind only (a repeated tool call)."""
+        same = st.corpora.get(kind.name)
+        if not same or not self.plan.isolation:
+            return "", "", 0
+        return continuation(query, [(same, len(same))], min_chars=self.plan.lookup_min_chars,
+                            max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
+
+    def _lookup(self, st: RowState, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
+        if not self.plan.isolation:
+            full = st.text.text
+            corpora = [(full, len(full) - 1)]
+        else:
+            corpora = [(seg_text, len(seg_text) - 1)]
+            same = st.corpora.get(kind.name)
+            if same:
+                corpora.append((same, len(same)))
+            corpora.append((st.prompt_text, len(st.prompt_text)))
+        return continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
+                            max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
+
+    def _tokens_for(self, st: RowState, text: str, parts: list[tuple[int, str]], *, keep_last: bool,
+                    probes: tuple[str, ...] = (), seg: Segmenter | None = None,
+                    offset: int = 0) -> tuple[list[int], list[str]]:
+        """(tokens, source of each token: the part its first byte lies in). `seg`/`offset`: the
+        segmenter that judges isolation for text[offset:] (the row's by default)."""
+        if self.plan.isolation:
+            cut = (seg or st.seg).boundary_in(text[offset:])
+            if cut is not None:
+                text, keep_last = text[:offset + cut], True
+        if not text:
+            return [], []
+        first = max(0, st.n - ANCHOR_TOKENS)
+        emitted = st.tail[len(st.tail) - (st.n - first):].tolist()
+        tail = st.text.slice(st.text.token_start(first))
+        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
+                                  probes=probes)[: self.gamma]
+        return tokens, _token_sources(self.token_bytes, tokens, text, parts)
+
+
+def _tokens_within(pieces: list[bytes], limit: int) -> int:
+    """How many leading tokens (their bytes) fit in the first `limit` bytes."""
+    keep = used = 0
+    for piece in pieces:
+        if used + len(piece) > limit:
+            break
+        used += len(piece)
+        keep += 1
+    return keep
+
+
+def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str,
+                   parts: list[tuple[int, str]]) -> list[str]:
+    """The source of each draft token: the part of `text` (char offset, source) holding its first
+    byte. The tokens spell `text` from its start (canonical_tokens continues the emitted tokens)."""
+    if not parts:
+        return ["lookup"] * len(tokens)
+    starts = [len(text[:at].encode("utf-8")) for at, _ in parts]
+    out, pos, k = [], 0, 0
+    for tok in tokens:
+        while k + 1 < len(starts) and starts[k + 1] <= pos:
+            k += 1
+        out.append(parts[k][1])
+        pos += len(token_bytes[tok])
+    return out
+
+
+def _open_of(kind, seg_text: str) -> str | None:
+    for marker in kind.open:
+        if seg_text.startswith(marker):
+            return marker
+    return None
+
+
+def _close_of(kind, seg_text: str) -> str:
+    if not kind.close:
+        return ""
+    for marker, close in zip(kind.open, kind.close, strict=True):
+        if seg_text.startswith(marker):
+            return close
+    return kind.close[0]
+
+
+def _tool_call_grammar(registry) -> str:
+    from agentspec_sdk.structure.turn_grammar import tool_call_grammar
+
+    return tool_call_grammar(registry)

@@ -1,0 +1,105 @@
+"""The drafter's per-step work does not grow with the row's context: counted in operations (tokens
+decoded, characters segmented, characters a string search may scan, index entries examined, whole-text
+joins), not timed. The same tool-call turn is replayed after prompts of about 1k, 3k and 6k tokens."""
+
+import numpy as np
+import pytest
+
+from agentspec_sdk.drafting import lookup as lookup_mod
+from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.rows import TAIL
+from agentspec_sdk.drafting.text import HistoryText
+from agentspec_sdk.structure.segmenter import Segmenter
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}]
+CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Reykjavik","unit":"celsius"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model())
+
+
+def _prompt(tok, tokens: int) -> list[int]:
+    """A chat prompt of about `tokens` tokens: a system text of numbered station records (observations
+    a lookup may copy from), then the question."""
+    lines, ids = [], []
+    while len(ids) < tokens:
+        k = len(lines)
+        lines.extend(f"Station {k + j}: city Town{(k + j) * 7 % 1000}, reading {(k + j) * 13 % 97} "
+                     "degrees celsius, wind calm." for j in range(8))
+        system = "Call tools as <tool_call>{...}</tool_call>.\n" + "\n".join(lines)
+        msgs = [{"role": "system", "content": system},
+                {"role": "user", "content": "What is the weather in Reykjavik in celsius?"}]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)
+    return list(ids)
+
+
+def _work(monkeypatch, tok, context: int) -> dict:
+    counts = dict.fromkeys(("decoded", "segmented", "scanned", "indexed", "joins", "tree_tokens"), 0)
+    extend, feed, match = HistoryText.extend, Segmenter.feed, lookup_mod.longest_match
+    best, text = lookup_mod.CorpusIndex._best, HistoryText.text
+
+    def count(key, n):
+        counts[key] += n
+
+    monkeypatch.setattr(HistoryText, "extend", lambda self, ids: count("decoded", len(ids))
+                        or extend(self, ids))
+    monkeypatch.setattr(Segmenter, "feed", lambda self, chunk: count("segmented", len(chunk))
+                        or feed(self, chunk))
+    monkeypatch.setattr(lookup_mod, "longest_match", lambda q, corpus, end, lo, hi:
+                        count("scanned", max(0, end)) or match(q, corpus, end, lo, hi))
+    monkeypatch.setattr(lookup_mod.CorpusIndex, "_best", lambda self, recent, *a:
+                        count("indexed", len(recent)) or best(self, recent, *a))
+    monkeypatch.setattr(HistoryText, "text", property(lambda self: count("joins", 1) or text.fget(self)))
+    prompt, out = _prompt(tok, context), tok.encode(CALL, add_special_tokens=False)
+    drafter = StructureDrafter(DraftPlan(tools=TOOLS, learn_delta=False), tok)
+    if drafter.trees is not None:
+        tree_extend = drafter.trees.extend
+        monkeypatch.setattr(drafter.trees, "extend", lambda key, new: count("tree_tokens", len(new))
+                            or tree_extend(key, new))
+    pos, steps = 1, 0
+    drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])  # builds the row's state: not counted
+    for key in counts:
+        counts[key] = 0
+    drafts = drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])
+    while True:
+        steps += 1
+        truth = out[pos:]
+        a = 0
+        while a < len(drafts[0]) and a < len(truth) and drafts[0][a] == truth[a]:
+            a += 1
+        pos += a + 1
+        if pos >= len(out):
+            break
+        drafts = drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])
+        assert drafter.stats()["rebuilds"] == 1  # the row is followed, never rebuilt
+        assert len(drafter._rows[0].tail) <= TAIL
+    return {"steps": steps, "prompt": len(prompt), **counts}
+
+
+def test_per_step_work_does_not_grow_with_the_context(monkeypatch, tok):
+    work = {}
+    for context in (1000, 3000, 6000):
+        with monkeypatch.context() as m:
+            work[context] = _work(m, tok, context)
+    small, large = work[1000], work[6000]
+    assert large["prompt"] >= 5 * small["prompt"]
+    assert large["steps"] == small["steps"] >= 3  # the same turn, drafted the same way
+    for key in ("decoded", "segmented", "tree_tokens", "joins"):  # only the tokens each step added
+        assert large[key] == small[key], (key, work)
+    assert large["joins"] == 0
+    # what a search may scan (the current segment) and what the indexes examine are bounded: not 6x
+    for key in ("scanned", "indexed"):
+        assert large[key] <= 1.2 * small[key] + 50, (key, work)
+    assert work[3000]["scanned"] <= 1.2 * small["scanned"] + 50
