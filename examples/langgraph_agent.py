@@ -26,6 +26,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 
 from agentspec_sdk import ToolRegistry
+from agentspec_sdk.bfcl import function_tool
 
 QUESTION = "Add 37 and 21."
 TOOLS = ("add", "subtract", "multiply", "divide")
@@ -48,7 +49,7 @@ def math_tools(api: MathAPI | None = None) -> list[StructuredTool]:
     docs = {d["name"]: d for d in map(json.loads, doc_file.read_text().splitlines())}
     tools = []
     for name in TOOLS:
-        spec = ToolRegistry().add(docs[name])  # BFCL's type names → JSON Schema
+        spec = ToolRegistry().add(function_tool(docs[name]))  # BFCL's type names → JSON Schema
         description = spec.description.split("Tool description: ")[-1]
         tools.append(
             StructuredTool.from_function(getattr(api, name), name=name, description=description,
