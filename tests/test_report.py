@@ -557,3 +557,25 @@ def test_the_tuned_suffix_peer_is_a_stock_drafter_in_the_peer_table():
                                     run("structure", 100, 12.0)])
     assert row["best_stock_by_cost"] == row["best_stock_by_tok_s"] == "suffix-tuned"
     assert row["cost_vs_best_stock"] == pytest.approx(1.1)
+
+
+def test_bench_plans_repeats_and_the_tuned_suffix_pair(monkeypatch, tmp_path, capsys):
+    import typer
+
+    from agentspec_sdk.replay import cli
+
+    plans = []
+    monkeypatch.setattr(cli, "_execute", lambda plan, out, desc: plans.append(plan) or {"runs": []})
+    monkeypatch.setattr(cli, "_headline", lambda report: None)
+    common = {"out": tmp_path, "arms": "B", "modes": "suffix,suffix-tuned,structure", "gammas": "4",
+              "batches": "1", "n": 2, "prefix_check": False, "entropies": False}
+    cli.bench(**common, repeats=3, suffix_tuned="2,0.3")
+    (plan,) = plans
+    assert plan.repeats == 3 and plan.suffix_tuned == (2.0, 0.3)
+    assert [c.mode for c in plan.configs] == ["suffix", "suffix-tuned", "structure"]
+    with pytest.raises(typer.Exit) as exit_:  # a probability outside [0, 1]: the CLI's error, exit 2
+        cli.bench(**common, suffix_tuned="4,1.3")
+    assert exit_.value.exit_code == 2
+    assert "suffix_min_token_prob must be a number in [0, 1], got 1.3" in capsys.readouterr().err
+    with pytest.raises(typer.BadParameter, match="max_spec_factor,min_token_prob"):
+        cli.bench(**common, suffix_tuned="4")
