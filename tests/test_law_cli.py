@@ -185,3 +185,12 @@ def test_saving_plot_labels_points_by_arm_mode_batch_and_draws_the_cost_model():
     assert y[i] == pytest.approx(1 - float(pass_cost_ratio(t, 1.0, 1.0 + 0.02 + 0.6 * 5 * 0.21, 0.6)))
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "predicted for that run" in labels
+
+
+def test_a_ci_bound_a_rounding_error_past_tau_still_plots():
+    # a real bench run (arm B, structure γ 4, every round accepted): τ 4.0, CI upper 3.9999999999999973
+    params = LawParams(1.0, 0.1, 0.3)
+    mix = ClassMix.from_shares(0.3, 0.3, 0.9, 0.2, 0.1)
+    fig = figure_tau_by_class(params, mix, 8, {"S": [{"gamma": 4, "tau": 4.0,
+                                                      "ci": [2.9305471645217644, 3.9999999999999973]}]})
+    assert fig.axes[0].get_xlabel()

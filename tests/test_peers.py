@@ -151,3 +151,42 @@ def test_a_draft_without_a_verify_step_counts_nothing():
                {"position": 5, "drafted": 4, "accepted": 2}]
     settle_against_vllm(records, 20, {"per_step_accepted": [3, 2], "per_step_drafted": [3, 4]})
     assert [r["accepted"] for r in records] == [3, 0, 2]
+
+
+def test_tuned_suffix_knobs_reach_vllms_speculative_config():
+    import dataclasses
+
+    from vllm.config.speculative import SpeculativeConfig
+
+    from agentspec_sdk.backends.engine_config import EngineConfig
+    from agentspec_sdk.backends.vllm_start import speculative_config
+    from agentspec_sdk.replay.arms import SUFFIX_TUNED, engine_kwargs
+
+    kw = engine_kwargs("suffix-tuned", 8)
+    assert SUFFIX_TUNED == (4.0, 0.3)
+    assert kw == {"speculation": "suffix", "gamma_max": 8, "suffix_max_spec_factor": 4.0,
+                  "suffix_min_token_prob": 0.3}
+    assert engine_kwargs("suffix-tuned", 16, (2, 0.3))["suffix_max_spec_factor"] == 2.0
+    assert "suffix_max_spec_factor" not in engine_kwargs("suffix", 8)  # the default peer stays vLLM's own
+    spec = speculative_config(EngineConfig(**kw), 8)
+    assert spec == {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 4.0,
+                    "suffix_decoding_min_token_prob": 0.3}
+    # the keys are vLLM's own field names, and the defaults we name are vLLM's
+    known = {f.name: f.default for f in dataclasses.fields(SpeculativeConfig)}
+    assert known["suffix_decoding_max_spec_factor"] == engine_config.SUFFIX_MAX_SPEC_FACTOR
+    assert known["suffix_decoding_min_token_prob"] == engine_config.SUFFIX_MIN_TOKEN_PROB
+    assert set(spec) <= set(known)
+    args = ServerSpec(model="m", speculation="suffix", gamma_max=8, suffix_max_spec_factor=2.0,
+                      suffix_min_token_prob=0.3).args()
+    assert json.loads(args[args.index("--speculative-config") + 1])["suffix_decoding_max_spec_factor"] == 2.0
+
+
+def test_bad_suffix_knobs_are_refused_by_name():
+    from agentspec_sdk.backends.engine_config import EngineConfig
+
+    with pytest.raises(BackendError, match="suffix_min_token_prob must be a number in \\[0, 1\\], got 1.5"):
+        EngineConfig(speculation="suffix", suffix_min_token_prob=1.5)
+    with pytest.raises(BackendError, match="suffix_max_spec_factor must be a number >= 0"):
+        stock_speculative_config("suffix", 8, suffix_max_spec_factor=-1)
+    with pytest.raises(BackendError, match="apply to speculation='suffix' only, not 'ngram'"):
+        EngineConfig(speculation="ngram", suffix_max_spec_factor=2.0)

@@ -12,7 +12,7 @@ from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.aggregate import composition_checks, summarize
 from agentspec_sdk.replay.arms import Arm
 from agentspec_sdk.replay.loop import TurnLog
-from agentspec_sdk.replay.passes import mean_pass, pass_table
+from agentspec_sdk.replay.passes import PASS_LOGS, mean_pass, pass_table
 from agentspec_sdk.replay.render import markdown
 from agentspec_sdk.replay.report import build_report, write_report
 from agentspec_sdk.replay.runner import ModeConfig, Plan, run_plan
@@ -466,3 +466,116 @@ def test_report_names_live_in_their_homes_and_one_class_tuple():
     # 10 tokens per turn: steps 10, 8, 6; drafted per step 0, 4/8, 8/6
     assert fit == law.fit_turn_costs([0.0, 0.5, 8 / 6], [0.08, 1.0 / 8, 1.6 / 6])
     assert fit["turns"] == 3 and "least squares" in fit["method"]
+
+
+def test_repeats_measure_the_plan_again_on_fresh_engines_with_unique_run_keys(tmp_path, fake_requests):
+    built = []
+
+    class Logged(FakeEngine):  # one engine pass per run, to see the run keys in the pass log
+        def pass_log(self, began, ended):
+            return [{"t": ended, "s": 0.01, "rows": 1, "tokens": 1, "ctx": 10, "prefill": 0, "new": 0,
+                     "grammar": 0}]
+
+    def factory(p, cfg):
+        built.append(Logged(cfg.mode))
+        return built[-1]
+
+    three = plan()
+    three.repeats = 3
+    assert three.expected_turns() == 3 * plan().expected_turns()
+    rep = run_plan(three, tmp_path, tokenizer=Tok(), engine_factory=factory, plots=False)
+    # a fresh engine per config and repeat, the configs' order rotating from one repeat to the next
+    assert [e.mode for e in built] == ["off", "structure", "structure", "off", "off", "structure"]
+    assert all(e.closed for e in built)
+    # the report proper is the first repeat's; every repeat is in the repeats table
+    assert [(r["mode"], r["repeat"]) for r in rep["runs"]] == [("off", 0), ("structure", 0)]
+    rows = {r["mode"]: r for r in rep["repeats"]}
+    assert rows["structure"]["repeats"] == [0, 1, 2] and len(rows["structure"]["decode_tok_s"]) == 3
+    assert rows["structure"]["passes"] == [rep["runs"][1]["passes"]] * 3
+    assert rep["meta"]["repeats"] == 3
+    logged = [json.loads(line) for line in (tmp_path / PASS_LOGS).read_text().splitlines()]
+    # every (run, repeat, mode) is its own entry: nothing overwritten by a later repeat
+    assert sorted((tuple(x["run"]), x["mode"]) for x in logged) == sorted(
+        (("A", 2, 8, True, r), m) for r in range(3) for m in ("off", "structure"))
+    md = (tmp_path / "report.md").read_text()
+    assert "## Repeats: decode tok/s over 3 interleaved repeats" in md
+
+
+def test_one_repeat_leaves_the_report_as_it_was(tmp_path, fake_requests):
+    rep = run_plan(plan(), tmp_path, tokenizer=Tok(), engine_factory=lambda p, cfg: FakeEngine(cfg.mode),
+                   plots=False)
+    assert "repeats" not in rep and "repeats" not in rep["meta"] and "repeat" not in rep["runs"][0]
+    assert "## Repeats" not in (tmp_path / "report.md").read_text()
+    with pytest.raises(Exception, match="repeats must be an integer >= 1"):
+        Plan(configs=[], arms=[], batches=[1], primary={}, repeats=0)
+
+
+def test_interleaved_rounds_rotate_per_round_and_per_repeat():
+    from agentspec_sdk.replay.runner import interleaved_rounds
+
+    assert interleaved_rounds(2, [8], 3) == [(0, 8, [0, 1, 2]), (1, 8, [1, 2, 0])]
+    assert interleaved_rounds(2, [8], 3, repeat=1) == [(0, 8, [1, 2, 0]), (1, 8, [2, 0, 1])]
+    # over 3 repeats every worker goes first on arm 0 once
+    assert sorted(interleaved_rounds(2, [8], 3, repeat=r)[0][2][0] for r in range(3)) == [0, 1, 2]
+
+
+def test_repeat_table_medians_ranges_and_costs():
+    from agentspec_sdk.replay import accounting
+    from agentspec_sdk.replay.aggregate import run_key
+    from agentspec_sdk.replay.render import markdown
+
+    def run(mode, repeat, tok_s, passes=100, drafted=50):
+        return {"arm": "D", "mode": mode, "gamma": 8, "batch": 8, "prefix_cache": True, "repeat": repeat,
+                "decode_tok_s": tok_s, "passes": passes, "drafted": drafted, "accepted": 40}
+
+    runs = [run("suffix", 0, 10.0), run("suffix", 1, 14.0), run("suffix", 2, 11.0),
+            run("suffix-tuned", 0, 12.0), run("suffix-tuned", 1, 13.0), run("suffix-tuned", 2, 20.0),
+            run("structure", 0, 15.0, 90), run("structure", 1, 12.0, 90), run("structure", 2, 16.0, 91)]
+    price = {"a_s": 0.02, "b_s_per_row": 0.0, "c_s_per_token": 0.001}  # δ̂ at 8 rows: 0.4
+    rows = accounting.repeat_table(runs, {}, price, lambda r: (run_key(r), r["mode"]))
+    by = {r["mode"]: r for r in rows}
+    assert [r["mode"] for r in rows] == ["suffix", "suffix-tuned", "structure"]
+    assert by["suffix"]["decode_tok_s_median"] == 11.0 and by["suffix"]["decode_tok_s_min"] == 10.0
+    assert by["suffix"]["decode_tok_s_max"] == 14.0 and by["suffix"]["cost"] == [pytest.approx(120.0)] * 3
+    # the tuned peer counts as a stock drafter: its median 13 beats suffix's 11
+    assert by["structure"]["best_stock_by_tok_s_median"] == "suffix-tuned"
+    assert by["structure"]["tok_s_median_vs_best_stock"] == pytest.approx(15.0 / 13.0)
+    md = markdown({"runs": [], "repeats": rows})
+    assert "| D | structure | 8 | 8 | on | 3 | 90–91 | 50 | 40 | 110–111 | 15.0 | 12.0–16.0 | 1.15× " \
+           "(suffix-tuned) |" in md
+    assert "| D | suffix | 8 | 8 | on | 3 | 100 | 50 | 40 | 120 | 11.0 | 10.0–14.0 |  |" in md
+
+
+def test_the_tuned_suffix_peer_is_a_stock_drafter_in_the_peer_table():
+    from agentspec_sdk.replay import accounting
+
+    def run(mode, passes, tok_s):
+        return {"arm": "D", "mode": mode, "gamma": 8, "batch": 8, "prefix_cache": True, "passes": passes,
+                "cost": float(passes), "decode_tok_s": tok_s}
+
+    (row,) = accounting.peer_table([run("suffix", 120, 10.0), run("suffix-tuned", 110, 11.0),
+                                    run("structure", 100, 12.0)])
+    assert row["best_stock_by_cost"] == row["best_stock_by_tok_s"] == "suffix-tuned"
+    assert row["cost_vs_best_stock"] == pytest.approx(1.1)
+
+
+def test_bench_plans_repeats_and_the_tuned_suffix_pair(monkeypatch, tmp_path, capsys):
+    import typer
+
+    from agentspec_sdk.replay import cli
+
+    plans = []
+    monkeypatch.setattr(cli, "_execute", lambda plan, out, desc: plans.append(plan) or {"runs": []})
+    monkeypatch.setattr(cli, "_headline", lambda report: None)
+    common = {"out": tmp_path, "arms": "B", "modes": "suffix,suffix-tuned,structure", "gammas": "4",
+              "batches": "1", "n": 2, "prefix_check": False, "entropies": False}
+    cli.bench(**common, repeats=3, suffix_tuned="2,0.3")
+    (plan,) = plans
+    assert plan.repeats == 3 and plan.suffix_tuned == (2.0, 0.3)
+    assert [c.mode for c in plan.configs] == ["suffix", "suffix-tuned", "structure"]
+    with pytest.raises(typer.Exit) as exit_:  # a probability outside [0, 1]: the CLI's error, exit 2
+        cli.bench(**common, suffix_tuned="4,1.3")
+    assert exit_.value.exit_code == 2
+    assert "suffix_min_token_prob must be a number in [0, 1], got 1.3" in capsys.readouterr().err
+    with pytest.raises(typer.BadParameter, match="max_spec_factor,min_token_prob"):
+        cli.bench(**common, suffix_tuned="4")

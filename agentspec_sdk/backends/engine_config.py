@@ -48,15 +48,42 @@ def require_suffix_decoding() -> None:
                            f"which is not installed: {SUFFIX_INSTALL}")
 
 
-def stock_speculative_config(method: str, gamma: int, *, ngram_min: int = 2, ngram_max: int = 5) -> dict:
+# vLLM 0.32's defaults (SpeculativeConfig.suffix_decoding_max_spec_factor / _min_token_prob): a suffix
+# draft is at most factor × the matched length long, and stops at a token whose tree frequency is
+# under min_token_prob.
+SUFFIX_MAX_SPEC_FACTOR = 1.0
+SUFFIX_MIN_TOKEN_PROB = 0.1
+
+
+def check_suffix_knobs(max_spec_factor: float | None, min_token_prob: float | None) -> None:
+    """None (vLLM's default) or, as vLLM checks them: factor ≥ 0, probability in [0, 1]."""
+    for name, v, ok, rule in (("suffix_max_spec_factor", max_spec_factor, lambda x: x >= 0, ">= 0"),
+                              ("suffix_min_token_prob", min_token_prob, lambda x: 0 <= x <= 1, "in [0, 1]")):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not ok(v):
+            raise BackendError(f"{name} must be a number {rule}, got {v!r}")
+
+
+def stock_speculative_config(method: str, gamma: int, *, ngram_min: int = 2, ngram_max: int = 5,
+                             suffix_max_spec_factor: float | None = None,
+                             suffix_min_token_prob: float | None = None) -> dict:
     """vLLM's own drafters, as a user would configure them: `ngram` (prompt lookup) or `suffix`
-    (SuffixDecoding with vLLM's default tree depth, cache size and thresholds)."""
+    (SuffixDecoding with vLLM's default tree depth, cache size and thresholds; the two knobs given
+    replace vLLM's `suffix_decoding_max_spec_factor` / `suffix_decoding_min_token_prob`, None keeps
+    its default and leaves the key out)."""
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": gamma,
                 "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
     if method == "suffix":
         require_suffix_decoding()
-        return {"method": "suffix", "num_speculative_tokens": gamma}
+        check_suffix_knobs(suffix_max_spec_factor, suffix_min_token_prob)
+        spec: dict = {"method": "suffix", "num_speculative_tokens": gamma}
+        if suffix_max_spec_factor is not None:
+            spec["suffix_decoding_max_spec_factor"] = float(suffix_max_spec_factor)
+        if suffix_min_token_prob is not None:
+            spec["suffix_decoding_min_token_prob"] = float(suffix_min_token_prob)
+        return spec
     raise BackendError(f"not a stock vLLM drafter: {method!r}")
 
 
@@ -99,6 +126,9 @@ class EngineConfig:
     ablation: str | None = None  # one of ABLATIONS
     ngram_min: int = 2  # ngram: shortest match
     ngram_max: int = 5  # ngram: longest match
+    # suffix: vLLM's suffix_decoding_max_spec_factor / _min_token_prob (None: vLLM's 1.0 / 0.1)
+    suffix_max_spec_factor: float | None = None
+    suffix_min_token_prob: float | None = None
     law: dict[str, float] | None = None  # Draft Law parameters handed to the plan
     dtype: str | None = None  # None: float32 on CPU, else vLLM's auto
     kv_cache_gb: float = 2.0  # VLLM_CPU_KVCACHE_SPACE (CPU)
@@ -121,6 +151,11 @@ class EngineConfig:
         if not isinstance(self.gamma_max, int) or not 1 <= self.gamma_max <= 64:
             raise BackendError(f"gamma_max must be an integer in [1, 64], got {self.gamma_max!r}")
         check_block_size(self.block_size)
+        check_suffix_knobs(self.suffix_max_spec_factor, self.suffix_min_token_prob)
+        knobs = (self.suffix_max_spec_factor, self.suffix_min_token_prob)
+        if self.speculation != "suffix" and knobs != (None, None):
+            raise BackendError("suffix_max_spec_factor / suffix_min_token_prob apply to speculation='suffix' "
+                               f"only, not {self.speculation!r}")
 
     @classmethod
     def of(cls, config: EngineConfig | None = None, **settings: Any) -> EngineConfig:

@@ -71,6 +71,9 @@ class ServerSpec:
     tool_parser: bool = True
     tool_format: str | dict = "tool_calls"
     chat_template: Path | None = None
+    # suffix: vLLM's suffix_decoding_max_spec_factor / _min_token_prob (None: vLLM's defaults)
+    suffix_max_spec_factor: float | None = None
+    suffix_min_token_prob: float | None = None
 
     def __post_init__(self) -> None:
         if self.speculation not in SERVER_SPECULATION:
@@ -93,7 +96,9 @@ class ServerSpec:
             return {"method": "custom_class", "model": PROPOSER_CLASS,
                     "num_speculative_tokens": self.gamma_max}
         if self.speculation in ("ngram", "suffix"):
-            return stock_speculative_config(self.speculation, self.gamma_max, ngram_max=4)
+            return stock_speculative_config(self.speculation, self.gamma_max, ngram_max=4,
+                                            suffix_max_spec_factor=self.suffix_max_spec_factor,
+                                            suffix_min_token_prob=self.suffix_min_token_prob)
         return None
 
     def args(self) -> list[str]:

@@ -24,7 +24,9 @@ def speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, Any] | No
     """vLLM's `speculative_config` for the engine's mode (None: off)."""
     if cfg.speculation in STOCK:
         return stock_speculative_config(cfg.speculation, gamma_max, ngram_min=cfg.ngram_min,
-                                        ngram_max=cfg.ngram_max)
+                                        ngram_max=cfg.ngram_max,
+                                        suffix_max_spec_factor=cfg.suffix_max_spec_factor,
+                                        suffix_min_token_prob=cfg.suffix_min_token_prob)
     if cfg.speculation == "structure":
         return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": gamma_max}
     if cfg.speculation == "draft_model":

@@ -61,7 +61,8 @@ def figure_tau_by_class(params: LawParams, mix: ClassMix, gamma_max: int = 16,
                 label=f"{label}, rho={mix.rho[c]:.2f}")
         for p in _points((measured_tau or {}).get(c)):
             ci = p.get("ci")
-            yerr = None if ci is None else [[p["tau"] - ci[0]], [ci[1] - p["tau"]]]
+            # a CI bound computed a rounding error past τ (τ = γ: upper 3.9999999999999973 at τ 4)
+            yerr = None if ci is None else [[max(p["tau"] - ci[0], 0.0)], [max(ci[1] - p["tau"], 0.0)]]
             ax.errorbar([p["gamma"]], [p["tau"]], yerr=yerr, color=color, marker="D", markersize=7,
                         markeredgecolor="black", linestyle="none", capsize=3)
     ax.plot(g, tau(g, eps_bar(params, mix)), color="black", linewidth=2,

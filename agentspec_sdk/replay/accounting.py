@@ -26,6 +26,8 @@ from agentspec_sdk.law.cost_fits import STEP_PRICE_MIN_STEPS
 from agentspec_sdk.replay.passes import passes_from_steps
 
 MIN_STEPS = STEP_PRICE_MIN_STEPS
+# the bench modes that are vLLM's own drafters: the peers' "best stock drafter" is the best of these
+STOCK_MODES = (*STOCK, "suffix-tuned")
 
 
 def turn_passes(output_tokens: int, accepted: int) -> int:
@@ -64,15 +66,58 @@ def add_costs(runs: list[dict], steps: Mapping[tuple, list[Mapping]], key_of) ->
     run -> that key. Returns the price fit (None: too few steps; cost then counts passes alone, δ̂ 0)."""
     price = verify_price({k: v for k, v in steps.items() if v})
     for r in runs:
-        own = steps.get(key_of(r)) or []
-        rows = float(np.mean([s["rows"] for s in own])) if own else float(r.get("batch") or 1)
-        delta = price_at(price, rows) if price else 0.0
+        delta = run_delta(price, steps.get(key_of(r)) or [], r)
         r["delta_hat"] = delta
         r["cost"] = r["passes"] + delta * r["drafted"]
         op, od = r.get("oracle_passes"), r.get("oracle_drafted")
         if op is not None:
             r["oracle_cost"] = op + delta * od
     return price
+
+
+def run_delta(price: Mapping | None, own: list[Mapping], run: Mapping) -> float:
+    """δ̂ of one run: the price of a drafted token at the run's own mean rows per step (its batch
+    size without a step log); 0 without a price fit."""
+    rows = float(np.mean([s["rows"] for s in own])) if own else float(run.get("batch") or 1)
+    return price_at(price, rows) if price else 0.0
+
+
+def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], price: Mapping | None,
+                 key_of) -> list[dict]:
+    """`bench --repeats`: per (arm, mode, γ, b, prefix cache), in the order of `runs`, every repeat's
+    passes, drafted, accepted, cost (δ̂ from `price`, the report's fit, at each run's own rows) and
+    decode tok/s, with the median and range (min, max) of decode tok/s over the repeats; structure's
+    rows also get their median against the best stock drafter's median (`STOCK_MODES`). `steps`
+    and `key_of` as for `add_costs`."""
+    groups: dict[tuple, list[Mapping]] = {}
+    for r in runs:
+        groups.setdefault((r["arm"], r["mode"], r["gamma"], r["batch"], r["prefix_cache"]), []).append(r)
+    out = []
+    for (arm, mode, gamma, batch, cache), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r.get("repeat", 0))
+        costs = []
+        for r in rs:
+            delta = run_delta(price, steps.get(key_of(r)) or [], r)
+            costs.append(r["passes"] + delta * r["drafted"])
+        speeds = [r["decode_tok_s"] for r in rs if r.get("decode_tok_s")]
+        out.append({"arm": arm, "mode": mode, "gamma": gamma, "batch": batch, "prefix_cache": cache,
+                    "repeats": [r.get("repeat", 0) for r in rs], "passes": [r["passes"] for r in rs],
+                    "drafted": [r["drafted"] for r in rs], "accepted": [r["accepted"] for r in rs],
+                    "cost": costs, "decode_tok_s": [r.get("decode_tok_s") for r in rs],
+                    "decode_tok_s_median": float(np.median(speeds)) if speeds else None,
+                    "decode_tok_s_min": min(speeds) if speeds else None,
+                    "decode_tok_s_max": max(speeds) if speeds else None})
+    cells: dict[tuple, dict[str, dict]] = {}
+    for row in out:
+        cells.setdefault((row["arm"], row["gamma"], row["batch"], row["prefix_cache"]), {})[row["mode"]] = row
+    for modes in cells.values():
+        st = modes.get("structure")
+        stock = [modes[m] for m in STOCK_MODES if m in modes and modes[m]["decode_tok_s_median"]]
+        if st is not None and stock:
+            best = max(stock, key=lambda row: row["decode_tok_s_median"])
+            st["best_stock_by_tok_s_median"] = best["mode"]
+            st["tok_s_median_vs_best_stock"] = _ratio(st["decode_tok_s_median"], best["decode_tok_s_median"])
+    return out
 
 
 def peer_table(runs: Iterable[Mapping]) -> list[dict]:
@@ -89,7 +134,7 @@ def peer_table(runs: Iterable[Mapping]) -> list[dict]:
     out = []
     for (arm, batch, gamma, cache), modes in sorted(cells.items()):
         st = modes.get("structure")
-        stock = [modes[m] for m in STOCK if m in modes]
+        stock = [modes[m] for m in STOCK_MODES if m in modes]
         off = offs.get((arm, batch, cache))
         if st is None:
             continue

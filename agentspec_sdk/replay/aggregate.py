@@ -18,7 +18,8 @@ from agentspec_sdk.replay.loop import TurnLog
 UNCLASSIFIED = "unclassified"
 
 
-SPECULATIVE = ("ngram", "suffix", "structure", "structure-no-budget", "structure-no-isolation", "draft_model")
+SPECULATIVE = ("ngram", "suffix", "suffix-tuned", "structure", "structure-no-budget",
+               "structure-no-isolation", "draft_model")
 
 
 def _div(a: float, b: float) -> float | None:
@@ -83,7 +84,9 @@ def summarize(logs: Iterable[TurnLog], *, arm: str, mode: str, gamma: int, batch
 
 
 def run_key(run: Mapping) -> tuple:
-    return (run["arm"], run["batch"], run["gamma"], run["prefix_cache"])
+    """(arm, batch, γ, prefix cache), and the run's repeat after them when it has one (bench --repeats)."""
+    key = (run["arm"], run["batch"], run["gamma"], run["prefix_cache"])
+    return (*key, run["repeat"]) if "repeat" in run else key
 
 
 def add_speedups(runs: list[dict]) -> None:

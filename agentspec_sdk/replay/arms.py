@@ -34,10 +34,15 @@ MODES = {
     "off": {"speculation": "off"},
     "ngram": {"speculation": "ngram"},
     "suffix": {"speculation": "suffix"},
+    # suffix with its two knobs tuned (SUFFIX_TUNED, or the plan's own pair): a stock peer like suffix
+    "suffix-tuned": {"speculation": "suffix"},
     "structure": {"speculation": "structure"},
     "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
     "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
 }
+# (max_spec_factor, min_token_prob) of `suffix-tuned`: the best of benchmarks/offline_drafting.py's grid
+# on the bundled tool_calls and code_agent traces (react: (4, 0.1); long_context: (2, 0.3); docs/drafting.md)
+SUFFIX_TUNED = (4.0, 0.3)
 ARMS = ("A", "B", "C", "D", "D-react", "D-code")
 FORMAT_ARMS = {"tool_calls": "D", "react": "D-react", "code_agent": "D-code"}  # arm D, one per format
 _CALC = re.compile(r"\b(calculate|compute|how many|how much|what is the|find the)\b", re.I)
@@ -146,10 +151,14 @@ def format_arms(formats: list[str]) -> list[str]:
     return [FORMAT_ARMS[f] for f in formats]
 
 
-def engine_kwargs(mode: str, gamma: int) -> dict:
+def engine_kwargs(mode: str, gamma: int, suffix_tuned: tuple[float, float] = SUFFIX_TUNED) -> dict:
+    """Engine settings of a bench mode at draft length cap `gamma`; `suffix_tuned`: the
+    (max_spec_factor, min_token_prob) pair of the `suffix-tuned` mode."""
     if mode not in MODES:
         raise TraceError(f"unknown mode {mode!r}; modes are {list(MODES)}")
     kw = dict(MODES[mode])
     if kw["speculation"] != "off":
         kw["gamma_max"] = gamma
+    if mode == "suffix-tuned":
+        kw["suffix_max_spec_factor"], kw["suffix_min_token_prob"] = (float(x) for x in suffix_tuned)
     return kw

@@ -25,6 +25,7 @@ def markdown(report: Mapping) -> str:
                  + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()))
     lines += _run_lines(report)
     lines += _peer_lines(report)
+    lines += _repeat_lines(report)
     lines += _fit_lines(report)
     lines += _check_lines(report)
     lines += _outcome_lines(report)
@@ -159,6 +160,38 @@ def _peer_lines(report: Mapping) -> list[str]:
                          f"| {_f(p.get('tok_s_vs_best_stock'))}× | {_f(p.get('oracle_vs_best_stock'))}× "
                          f"| {_f(p.get('oracle_share'), '.0%')} |")
     return lines
+
+
+def _repeat_lines(report: Mapping) -> list[str]:
+    """`bench --repeats`: decode tok/s median and range over the repeats beside the counts (a count
+    that differs between repeats shows as its range)."""
+    rows = report.get("repeats") or []
+    if not rows:
+        return []
+    n = max(len(r["repeats"]) for r in rows)
+    lines = ["", f"## Repeats: decode tok/s over {n} interleaved repeats (fresh engines each)", "",
+             "The tables above are the first repeat's. Counts are deterministic at temperature 0; one that "
+             "differs between repeats shows as min–max.", "",
+             "| arm | mode | γ | b | cache | repeats | passes | drafted | accepted | cost | decode tok/s "
+             "median | min–max | structure ÷ best stock, median tok/s |",
+             "|" + "---|" * 13]
+    for r in rows:
+        vs = (f"{_f(r['tok_s_median_vs_best_stock'])}× ({r['best_stock_by_tok_s_median']})"
+              if r.get("tok_s_median_vs_best_stock") else "")
+        lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | "
+                     f"{'on' if r['prefix_cache'] else 'off'} | {len(r['repeats'])} | {_span(r['passes'])} "
+                     f"| {_span(r['drafted'])} | {_span(r['accepted'])} | {_span(r['cost'], '.0f')} "
+                     f"| {_f(r['decode_tok_s_median'], '.1f')} | {_f(r['decode_tok_s_min'], '.1f')}–"
+                     f"{_f(r['decode_tok_s_max'], '.1f')} | {vs} |")
+    return lines
+
+
+def _span(values: list, spec: str = "d") -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "–"
+    lo, hi = min(known), max(known)
+    return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{lo:{spec}}–{hi:{spec}}"
 
 
 def _ms(x: Any) -> str:

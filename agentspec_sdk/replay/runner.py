@@ -3,7 +3,13 @@ in-process there, so vLLM's per-process state never carries over between modes).
 MAX_LIVE_ENGINES processes live at once and take turns: every arm at every batch size is replayed by
 each engine in turn before the next arm, so the modes compared on one arm run minutes apart and the
 machine's drift lands on all of them alike. A report is written after each round, so an interrupted
-run (Ctrl-C) still leaves a valid report, marked partial."""
+run (Ctrl-C) still leaves a valid report, marked partial.
+
+With `repeats` N > 1 the whole plan is measured N times, on fresh engines each time (an engine that
+replayed an arm holds its outputs in its prefix cache and suffix trees), the modes interleaved in
+every repeat with the order rotating; the report is built from the first repeat, and its `repeats`
+table gives every (arm, mode, γ, b)'s decode tok/s median and range over the N beside the
+deterministic counts."""
 
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentspec_sdk.errors import BackendError
-from agentspec_sdk.replay.aggregate import summarize
-from agentspec_sdk.replay.arms import PROSE, Arm, engine_kwargs
+from agentspec_sdk.replay import accounting
+from agentspec_sdk.replay.aggregate import clean_json, run_key, summarize
+from agentspec_sdk.replay.arms import PROSE, SUFFIX_TUNED, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
 from agentspec_sdk.replay.passes import PASS_LOGS, write_logs
 from agentspec_sdk.replay.replayer import replay
@@ -53,6 +60,12 @@ class Plan:
     # prompt + output tokens scored at most (None: target_entropy's default)
     entropy_tokens: int | None = None
     meta: dict = field(default_factory=dict)
+    repeats: int = 1  # the whole plan measured this many times, fresh engines each time
+    suffix_tuned: tuple[float, float] = SUFFIX_TUNED  # `suffix-tuned`: (max_spec_factor, min_token_prob)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise BackendError(f"repeats must be an integer >= 1, got {self.repeats!r}")
 
     def expected_turns(self) -> int:
         per = 0
@@ -61,7 +74,7 @@ class Plan:
                 segs = ep.user_segments()[:arm.max_segments]
                 per += sum(max(1, min(sum(t.role == "assistant" for t in s) or 1, arm.max_steps or 99))
                            for s in segs)
-        return per * len(self.configs) * len(self.batches)
+        return per * len(self.configs) * len(self.batches) * self.repeats
 
 
 def _unique_tools(arms: list[Arm]) -> list[dict]:
@@ -88,7 +101,8 @@ def build_engine(plan: Plan, cfg: ModeConfig):
         else builtins
     return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
-                  enforce_eager=plan.enforce_eager, in_process=True, **engine_kwargs(cfg.mode, cfg.gamma))
+                  enforce_eager=plan.enforce_eager, in_process=True,
+                  **engine_kwargs(cfg.mode, cfg.gamma, plan.suffix_tuned))
 
 
 def _warm_up(engine: AgentEngine) -> None:
@@ -112,10 +126,12 @@ def prepare_engine(plan: Plan, engine: AgentEngine) -> None:
 
 
 def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any, arm: Arm, b: int,
-                emit: Callable[[tuple], None]) -> None:
+                emit: Callable[[tuple], None], repeat: int = 0) -> None:
     """Replay one arm at batch size `b` on a prepared engine; `emit` receives ("status", text),
-    ("turn", TurnLog) and ("run", summary, logs, proposer steps, engine passes) events in order."""
-    emit(("status", f"{_label(cfg)}: arm {arm.name}, b={b}"))
+    ("turn", TurnLog) and ("run", summary, logs, proposer steps, engine passes) events in order.
+    With `plan.repeats` > 1 the summary carries its `repeat` (0-based), part of its run key."""
+    emit(("status", f"{_label(cfg)}: arm {arm.name}, b={b}"
+                    + (f", repeat {repeat + 1}/{plan.repeats}" if plan.repeats > 1 else "")))
     began = time.time()
     run = replay(engine, arm.episodes, tokenizer=tokenizer, concurrency=b,
                  max_tokens=arm.max_tokens, max_steps=arm.max_steps,
@@ -125,6 +141,8 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
     summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
                         wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
                         interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
+    if plan.repeats > 1:
+        summary["repeat"] = repeat
     ended = time.time()
     steps = engine.step_log(began, ended) if hasattr(engine, "step_log") else []
     passes = engine.pass_log(began, ended) if hasattr(engine, "pass_log") else []
@@ -134,7 +152,8 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
 
 
 def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,
-                   emit: Callable[[tuple], None], t0: float, batches: list[int] | None = None) -> None:
+                   emit: Callable[[tuple], None], t0: float, batches: list[int] | None = None,
+                   repeat: int = 0) -> None:
     """Replay every arm at each batch size of `batches` (default: the plan's) on one engine (built
     since `t0`, a perf_counter time); `emit` receives ("started", seconds to a warm engine), then
     `measure_run`'s events per run."""
@@ -142,7 +161,7 @@ def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: 
     emit(("started", time.perf_counter() - t0))
     for arm in plan.arms:
         for b in plan.batches if batches is None else batches:
-            measure_run(plan, cfg, engine, tokenizer, arm, b, emit)
+            measure_run(plan, cfg, engine, tokenizer, arm, b, emit, repeat)
 
 
 def _label(cfg: ModeConfig) -> str:
@@ -151,7 +170,7 @@ def _label(cfg: ModeConfig) -> str:
 
 def _child(plan: Plan, cfg: ModeConfig, events, commands) -> None:
     """Body of one measuring process: its engine, then the runs the parent asks for (("run", arm
-    index, batch) on `commands`, each answered by its events and ("ran",)) until ("stop",)."""
+    index, batch, repeat) on `commands`, each answered by its events and ("ran",)) until ("stop",)."""
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.replay.arms import ensure_prose_format
 
@@ -166,7 +185,7 @@ def _child(plan: Plan, cfg: ModeConfig, events, commands) -> None:
             prepare_engine(plan, engine)
             events.put(("started", time.perf_counter() - t0))
             while (cmd := commands.get())[0] == "run":
-                measure_run(plan, cfg, engine, tokenizer, plan.arms[cmd[1]], cmd[2], events.put)
+                measure_run(plan, cfg, engine, tokenizer, plan.arms[cmd[1]], cmd[2], events.put, cmd[3])
                 events.put(("ran",))
         finally:
             engine.close()
@@ -230,24 +249,36 @@ class _Worker:
             q.join_thread()
 
 
+def interleaved_rounds(n_arms: int, batches: list[int], n_workers: int,
+                       repeat: int = 0) -> list[tuple[int, int, list[int]]]:
+    """(arm index, batch size, the workers' order) of each round of `_measure_interleaved`: every
+    arm at every batch size, the workers taking turns from a first one that moves on by one each
+    round and, in repeat r, starts r places on."""
+    rounds = [(i, b) for i in range(n_arms) for b in batches]
+    out = []
+    for r, (arm_index, b) in enumerate(rounds):
+        first = (r + repeat) % n_workers
+        out.append((arm_index, b, [*range(first, n_workers), *range(first)]))
+    return out
+
+
 def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callable[[ModeConfig], Callable],
-                         after_round: Callable[[], None], batches: list[int]) -> None:
+                         after_round: Callable[[], None], batches: list[int], repeat: int = 0) -> None:
     """Measure `configs` with one live process each, their runs interleaved: for every arm and batch
     size each engine replays it in turn (the order rotating from one round to the next), so the
     modes compared on an arm run minutes apart, not a whole plan apart. On a shared machine the
     speed drifts over minutes; interleaving puts the drift into every mode alike instead of into the
-    ratios between them. Engines start one after another (their start-up is not timed against
-    each other)."""
+    ratios between them; repeat r of a plan starts the rotation r places on. Engines start one
+    after another (their start-up is not timed against each other)."""
     workers: list[_Worker] = []
     try:
         for cfg in configs:
             w = _Worker(plan, cfg, handler(cfg))
             workers.append(w)
             w.pump("started")
-        rounds = [(i, b) for i in range(len(plan.arms)) for b in batches]
-        for r, (arm_index, b) in enumerate(rounds):
-            for w in workers[r % len(workers):] + workers[:r % len(workers)]:
-                w.commands.put(("run", arm_index, b))
+        for arm_index, b, order in interleaved_rounds(len(plan.arms), batches, len(workers), repeat):
+            for w in (workers[i] for i in order):
+                w.commands.put(("run", arm_index, b, repeat))
                 w.pump("ran")
             after_round()
         for w in workers:
@@ -301,11 +332,18 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
     arm_order = {a.name: i for i, a in enumerate(plan.arms)}
 
     def report(partial: bool) -> dict:
-        # runs in plan order (config, arm, batch), however they were interleaved in time
+        # runs in plan order (config, arm, batch, repeat), however they were interleaved in time
         runs.sort(key=lambda r: (order.get((r["mode"], r["gamma"], r["prefix_cache"]), len(order)),
-                                 arm_order.get(r["arm"], len(arm_order)), r["batch"]))
-        rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
-                           entropies=entropies or None, passes=passes)
+                                 arm_order.get(r["arm"], len(arm_order)), r["batch"], r.get("repeat", 0)))
+        if plan.repeats == 1:
+            rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
+                               entropies=entropies or None, passes=passes)
+        else:  # the report of the first repeat, and every repeat's wall time and counts beside it
+            rep = build_report([r for r in runs if r["repeat"] == 0], first_repeat(logs), meta=meta,
+                               primary=plan.primary, partial=partial, steps=first_repeat(steps),
+                               entropies=entropies or None, passes=first_repeat(passes))
+            rep["repeats"] = clean_json(accounting.repeat_table(runs, steps, rep["verify_price"],
+                                                                           lambda r: (run_key(r), r["mode"])))
         with _ctrl_c_held():
             write_report(rep, out_dir, plots=plots)
             write_logs(Path(out_dir) / PASS_LOGS, steps, passes)
@@ -323,7 +361,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
             elif kind == "run":
                 summary, run_logs = event[1], event[2]
                 runs.append(summary)
-                key = ((summary["arm"], summary["batch"], cfg.gamma, cfg.prefix_cache), cfg.mode)
+                key = (run_key(summary), cfg.mode)
                 logs[key] = run_logs
                 steps[key] = event[3]
                 passes[key] = event[4] if len(event) > 4 else []
@@ -336,15 +374,24 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
             _measure_in_process(plan, engine_factory, tokenizer, handler, lambda: report(partial=True),
                                 on_status)
         if plan.entropies and engine_factory is None:
-            _measure_entropies(plan, logs, entropies, meta, on_status)
+            _measure_entropies(plan, first_repeat(logs), entropies, meta, on_status)
     except KeyboardInterrupt:
         report(partial=True)
         raise
     return report(partial=False)
 
 
+def first_repeat(by_key: dict[tuple, Any]) -> dict[tuple, Any]:
+    """The entries of a per (run key, mode) dict that belong to the first repeat."""
+    return {k: v for k, v in by_key.items() if len(k[0]) < 5 or k[0][4] == 0}
+
+
 def _plan_meta(plan: Plan, starts: dict[str, float], *, in_process: bool) -> dict:
-    return {**plan.meta, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
+    extra: dict[str, Any] = {"repeats": plan.repeats} if plan.repeats > 1 else {}
+    if any(c.mode == "suffix-tuned" for c in plan.configs):
+        factor, prob = plan.suffix_tuned
+        extra["suffix_tuned"] = {"max_spec_factor": factor, "min_token_prob": prob}
+    return {**plan.meta, **extra, "model": plan.model or "default (SmolLM2-135M-Instruct)", "seed": plan.seed,
             "arms": [a.name for a in plan.arms], "batches": plan.batches,
             "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
             "enforce_eager": plan.enforce_eager,
@@ -356,25 +403,35 @@ def _measure_spawned(plan: Plan, handler: Callable, partial_report: Callable[[],
                      on_status: Callable[[str], None] | None) -> None:
     # fresh engines per batch size: a second batch size on the same engine would replay the
     # very prompts it has just answered (prefix cache warm, suffix trees holding the outputs)
-    for b in plan.batches:
-        for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
-            group = plan.configs[at:at + MAX_LIVE_ENGINES]
-            if on_status:
-                on_status(f"starting engines (b={b}): {', '.join(_label(c) for c in group)}")
-            _measure_interleaved(plan, group, handler, partial_report, [b])
+    # (and per repeat, for the same reason)
+    for repeat in range(plan.repeats):
+        for b in plan.batches:
+            for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
+                group = plan.configs[at:at + MAX_LIVE_ENGINES]
+                if on_status:
+                    labels = ", ".join(_label(c) for c in group)
+                    on_status(f"starting engines (b={b}{_of(plan, repeat)}): {labels}")
+                _measure_interleaved(plan, group, handler, partial_report, [b], repeat)
+
+
+def _of(plan: Plan, repeat: int) -> str:
+    return f", repeat {repeat + 1}/{plan.repeats}" if plan.repeats > 1 else ""
 
 
 def _measure_in_process(plan: Plan, engine_factory: Callable[[Plan, ModeConfig], Any], tokenizer: Any,
                         handler: Callable, partial_report: Callable[[], Any],
                         on_status: Callable[[str], None] | None) -> None:
-    # in-process engines (tests, a custom backend): one after another, fresh per batch size too
-    for b, cfg in [(b, c) for b in plan.batches for c in plan.configs]:
+    # in-process engines (tests, a custom backend): one after another, fresh per batch size and repeat
+    # too, the configs' order rotating from one repeat to the next
+    n = len(plan.configs)
+    for repeat, b, cfg in [(r, b, plan.configs[(i + r) % n]) for r in range(plan.repeats)
+                           for b in plan.batches for i in range(n)]:
         if on_status:
-            on_status(f"starting engine: {_label(cfg)} (b={b})")
+            on_status(f"starting engine: {_label(cfg)} (b={b}{_of(plan, repeat)})")
         t0 = time.perf_counter()
         engine = engine_factory(plan, cfg)
         try:
-            measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0, [b])
+            measure_config(plan, cfg, engine, tokenizer, handler(cfg), t0, [b], repeat)
         finally:
             engine.close()
         partial_report()
