@@ -48,6 +48,7 @@ from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
+from agentspec_sdk.backends.tool_prompt import LAYOUTS
 from agentspec_sdk.drafting.plan import PLAN_ENV
 from agentspec_sdk.errors import AgentSpecError, SchemaNotSupported, TurnParseError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
@@ -59,7 +60,6 @@ log = logging.getLogger("agentspec.backends")
 
 FORMAT_ENV = "AGENTSPEC_TOOL_FORMAT"  # a built-in format name, or a format's JSON dict
 PARSER_NAME = "agentspec"
-LAYOUTS = ("tool_calls", "react")  # the layouts whose turns carry tool calls an OpenAI client reads
 
 # vLLM calls `adjust_request` only when tool_choice is not "none" (vllm/renderers/online_renderer.py),
 # unless the composed parser says `always_adjust_request`: we want "none" to get its text-only grammar
