@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 
 from agentspec_sdk.errors import BfclDataError, InvalidSchema, ToolRegistryError
-from agentspec_sdk.structure.tools import ToolRegistry
+from agentspec_sdk.structure.tools import ToolRegistry, map_schema
 
 LICENSE = "Apache-2.0"
 DATASET_URL = "https://github.com/ShishirPatil/gorilla/tree/main/berkeley-function-call-leaderboard"
@@ -173,27 +173,7 @@ def normalise_bfcl_schema(schema, pointer: str = ""):
         return schema
     if not isinstance(schema, dict):
         raise InvalidSchema(f"a BFCL schema must be an object, got {type(schema).__name__}", pointer)
-    out = {}
-    for key, value in schema.items():
-        if key in NON_STANDARD_KEYS:
-            continue
-        if key == "type":
-            mapped = bfcl_type(value, pointer)
-            if mapped is not None:
-                out["type"] = mapped
-        elif key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
-            out[key] = {name: normalise_bfcl_schema(sub, f"{pointer}/{key}/{name}")
-                        for name, sub in value.items()}
-        elif key in ("items", "additionalProperties", "additionalItems", "not") \
-                and isinstance(value, dict | bool):
-            out[key] = normalise_bfcl_schema(value, f"{pointer}/{key}")
-        elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf") and isinstance(value, list):
-            out[key] = [normalise_bfcl_schema(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(value)]
-        else:
-            out[key] = value
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
-        out["properties"] = {}
-    return out
+    return map_schema(schema, pointer, normalise_bfcl_schema, bfcl_type, NON_STANDARD_KEYS)
 
 
 def function_tool(doc: Any) -> Any:

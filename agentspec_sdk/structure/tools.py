@@ -10,7 +10,7 @@ import inspect
 import json
 import re
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,16 +209,30 @@ def tidy_schema(schema: Any, pointer: str = "") -> Any:
         return schema
     if not isinstance(schema, dict):
         raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer)
+    return map_schema(schema, pointer, tidy_schema, _json_type)
+
+
+def map_schema(schema: dict, pointer: str, visit: Callable[[Any, str], Any],
+               type_of: Callable[[Any, str], Any], skip: Collection[str] = ()) -> dict:
+    """One level of a schema walk, shared by every schema rewrite (ours, BFCL's): a copy of `schema`
+    with `type` through `type_of` (None drops it), each sub-schema (under properties, $defs,
+    definitions, patternProperties, items, prefixItems, additionalProperties, additionalItems, not,
+    anyOf, oneOf, allOf) through `visit(sub, its pointer)`, keys in `skip` left out, other keys kept;
+    an object type without properties or additionalProperties gets `properties: {}`."""
     out = {}
     for key, value in schema.items():
+        if key in skip:
+            continue
         if key == "type":
-            out["type"] = _json_type(value, pointer)
+            mapped = type_of(value, pointer)
+            if mapped is not None:
+                out["type"] = mapped
         elif key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
-            out[key] = {name: tidy_schema(sub, f"{pointer}/{key}/{name}") for name, sub in value.items()}
+            out[key] = {name: visit(sub, f"{pointer}/{key}/{name}") for name, sub in value.items()}
         elif key in _SUB_SCHEMAS and isinstance(value, dict | bool):
-            out[key] = tidy_schema(value, f"{pointer}/{key}")
+            out[key] = visit(value, f"{pointer}/{key}")
         elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf") and isinstance(value, list):
-            out[key] = [tidy_schema(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(value)]
+            out[key] = [visit(sub, f"{pointer}/{key}/{i}") for i, sub in enumerate(value)]
         else:
             out[key] = value
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
