@@ -25,16 +25,23 @@ class CanonicalWriter:
     """Canonical texts of values under schemas of one document; `closed`: objects that do not say
     `additionalProperties` admit no undeclared keys (as the grammar compiled with `closed`)."""
 
-    def __init__(self, document: SchemaDocument, *, closed: bool = False):
+    def __init__(self, document: SchemaDocument, *, closed: bool = False, spaced: bool = False,
+                 python: bool = False, kwargs: bool = False):
         self.document = document
         self.closed = closed
+        self.python = python  # values as Python literals (None, True, False)
+        self.kwargs = kwargs  # the root object as keyword arguments `(a=1, b=2)`
+        self.comma, self.colon = (", ", ": ") if spaced else (",", ":")
+
+    def literal(self, value) -> str:
+        return canonical_literal(value, python=self.python, spaced=self.comma == ", ")
 
     def texts(self, schema, value, pointer: str, depth: int, limit: int) -> list[str]:
         """Canonical serialisations of `value` in the key orders this schema's grammar uses: one
         per way its alternatives (anyOf/oneOf/dependencies) order keys, at most `limit`."""
         doc = self.document
         if depth > MAX_DEPTH or not isinstance(schema, dict):
-            return [canonical_literal(value)]
+            return [self.literal(value)]
         schema = doc.view(schema, pointer)
         if set(schema) - ANNOTATIONS == {"$ref"}:
             target, fragment = doc.resolve(schema["$ref"], pointer)
@@ -43,15 +50,15 @@ class CanonicalWriter:
         if isinstance(flat, dict) and any(k in flat for k in DEPENDENCY_KEYS):
             flat = doc.expand_dependencies(flat, pointer)
         if not isinstance(flat, dict):
-            return [canonical_literal(value)]
+            return [self.literal(value)]
         for key in ("anyOf", "oneOf"):
             if isinstance(flat.get(key), list):
                 return self._branches(flat, key, value, pointer, depth, limit)
         if "enum" in flat or "const" in flat:
             values = ([flat["const"]] if "const" in flat
                       else flat["enum"] if isinstance(flat["enum"], list) else [])
-            return [next((canonical_literal(v) for v in values if json_equal(v, value)),
-                         canonical_literal(value))]
+            return [next((self.literal(v) for v in values if json_equal(v, value)),
+                         self.literal(value))]
         if isinstance(value, dict):
             return self._object(flat, value, pointer, depth, limit)
         if isinstance(value, list):
@@ -60,8 +67,8 @@ class CanonicalWriter:
             choices = [self.texts(prefix[i] if i < len(prefix) else rest, item, ptr(pointer, "items", i),
                                   depth + 1, limit)
                        for i, item in enumerate(value)]
-            return _joined(choices, "[", "]", limit)
-        return [canonical_literal(value)]
+            return _joined(choices, "[", "]", limit, self.comma)
+        return [self.literal(value)]
 
     def _branches(self, flat: dict, key: str, value, pointer: str, depth: int, limit: int) -> list[str]:
         base = {k: v for k, v in flat.items() if k != key}
@@ -74,7 +81,7 @@ class CanonicalWriter:
             merged = merge(base, branch, pointer) if isinstance(branch, dict) else False
             if merged is not False:
                 found += self.texts(merged, value, ptr(pointer, key, i), depth + 1, limit)
-        return list(dict.fromkeys(found))[:limit] or [canonical_literal(value)]
+        return list(dict.fromkeys(found))[:limit] or [self.literal(value)]
 
     def _object(self, flat: dict, value: dict, pointer: str, depth: int, limit: int) -> list[str]:
         props = flat.get("properties") if isinstance(flat.get("properties"), dict) else {}
@@ -91,9 +98,11 @@ class CanonicalWriter:
             if matching:
                 sub = {"allOf": [sub, *matching]}
             where = ptr(pointer, "properties", k)
-            choices.append([f"{json_string(k)}:{t}"
-                            for t in self.texts(sub, value[k], where, depth + 1, limit)])
-        return _joined(choices, "{", "}", limit)
+            head = f"{k}=" if self.kwargs and depth == 0 else f"{json_string(k)}{self.colon}"
+            choices.append([head + t for t in self.texts(sub, value[k], where, depth + 1, limit)])
+        if self.kwargs and depth == 0:
+            return _joined(choices, "(", ")", limit, self.comma)
+        return _joined(choices, "{", "}", limit, self.comma)
 
 
 def _search(pattern: str, key: str) -> bool:
@@ -103,8 +112,8 @@ def _search(pattern: str, key: str) -> bool:
         return False
 
 
-def _joined(choices: list[list[str]], open_: str, close: str, limit: int) -> list[str]:
+def _joined(choices: list[list[str]], open_: str, close: str, limit: int, comma: str) -> list[str]:
     out = []
     for parts in itertools.islice(itertools.product(*choices), limit):
-        out.append(open_ + ",".join(parts) + close)
+        out.append(open_ + comma.join(parts) + close)
     return out

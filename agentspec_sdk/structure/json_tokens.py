@@ -18,17 +18,39 @@ __all__ = ["JsonTokens"]
 _NUMBER_PARTS = re.compile(r"(-?)(\d+)(\.\d+)?([eE][+-]?\d+)?")
 
 
-class JsonTokens:
-    """The tokens of canonical JSON; `flexible`: 1-16 blanks allowed around punctuation."""
+_KWARG_PUNCT = {"{": "(", "}": ")", ":": "=", ",": ","}  # an object written as keyword arguments
 
-    def __init__(self, flexible: bool):
+
+class JsonTokens:
+    """The tokens of canonical JSON; `flexible`: 1-16 blanks allowed around punctuation; `spaced`:
+    ``, `` and ``: `` (json.dumps's default separators); `python`: the values as Python literals
+    (``None``, ``True``, ``False``; every other canonical JSON token is a Python token already)."""
+
+    def __init__(self, flexible: bool, *, spaced: bool = False, python: bool = False):
         self.flexible = flexible
+        self.spaced = spaced and not flexible
+        self.python = python
+
+    def constant(self, value: bool | None) -> Node:
+        """``null``/``true``/``false`` in this flavour."""
+        return lit(canonical_literal(value, python=self.python))
+
+    def kwarg_punct(self, c: str) -> Node:
+        """Punctuation of an object written as keyword arguments ``(a=1, b=2)``: ``(`` ``)`` ``=`` ``,``
+        for ``{`` ``}`` ``:`` ``,``; `spaced` puts a blank after the comma only (PEP 8's ``a=1, b=2``)."""
+        out = _KWARG_PUNCT[c]
+        if self.flexible:
+            return seq(lit(out), self.ws()) if c == "{" else seq(self.ws(), lit(out)) if c == "}" \
+                else seq(self.ws(), lit(out), self.ws())
+        return lit(", ") if self.spaced and c == "," else lit(out)
 
     def ws(self) -> Node:
         return (opt(tok(rep(chars([(0x20, 0x20), (0x09, 0x0A), (0x0D, 0x0D)]), 1, 16))) if self.flexible
                 else EMPTY)
 
     def punct(self, c: str) -> Node:
+        if self.spaced and c in ",:":
+            return lit(c + " ")
         if not self.flexible:
             return lit(c)
         if c in "{[":
@@ -62,7 +84,7 @@ class JsonTokens:
                 return self.empty("[", "]")
             body = [self.value(value[0]), *(seq(self.punct(","), self.value(v)) for v in value[1:])]
             return seq(self.punct("["), *body, self.punct("]"))
-        text = canonical_literal(value)
+        text = canonical_literal(value, python=self.python)
         if isinstance(value, int | float) and not isinstance(value, bool):
             sign, digits, fraction, exponent = _NUMBER_PARTS.fullmatch(text).groups()
             return seq(*(lit(part) for part in (sign, digits, fraction, exponent) if part))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.grammar_ir import NOTHING, Node, alt, lit
+from agentspec_sdk.structure.grammar_ir import NOTHING, Node, alt
 from agentspec_sdk.structure.json_tokens import JsonTokens
 from agentspec_sdk.structure.schema_algebra import HANDLED, UNSUPPORTED, json_equal, ptr, satisfies
 from agentspec_sdk.structure.schema_formats import FORMATS
@@ -42,7 +42,8 @@ def literal_rule(schema: dict, pointer: str, tokens: JsonTokens) -> Node:
                 kept.append(tokens.value(value))
         except (ValueError, TypeError) as exc:
             raise InvalidSchema(f"enum/const value is not JSON: {exc}", where) from exc
-    if schema.get("nullable") is True and "null" not in [getattr(k, "text", None) for k in kept]:
+    null = tokens.constant(None)
+    if schema.get("nullable") is True and null not in kept:
         if any(v is None for v in values):
-            kept.append(lit("null"))
+            kept.append(null)
     return alt(*kept) if kept else NOTHING

@@ -4,6 +4,8 @@ keys of `additionalProperties` / `unevaluatedProperties`, `minProperties` up to 
 
 from __future__ import annotations
 
+import keyword
+import re
 from typing import TYPE_CHECKING
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
@@ -35,7 +37,9 @@ def object_rule(g: SchemaGrammar, schema: dict, pointer: str, depth: int) -> Nod
     pattern_props = schema.get("patternProperties") or {}
     if not isinstance(pattern_props, dict):
         raise InvalidSchema("patternProperties must be an object", ptr(pointer, "patternProperties"))
-    colon = g.tokens.punct(":")
+    kwargs = g.kwargs and depth == 0  # the root object of a Python call: `(a=1, b=2)`
+    punct = g.tokens.kwarg_punct if kwargs else g.tokens.punct
+    colon = punct(":")
     members: list[tuple[Node, bool]] = []
     declared = list(dict.fromkeys([*props, *required]))
     for name in declared:
@@ -53,7 +57,8 @@ def object_rule(g: SchemaGrammar, schema: dict, pointer: str, depth: int) -> Nod
             if name in required:
                 return NOTHING
             continue
-        members.append((seq(g.tokens.key(name), colon, value), name in required))
+        key = _kwarg_name(name, ptr(pointer, "properties", name)) if kwargs else g.tokens.key(name)
+        members.append((seq(key, colon, value), name in required))
     extras = []
     if pattern_props:
         extras = _pattern_extras(g, pattern_props, extra, declared, pointer, depth)
@@ -61,13 +66,24 @@ def object_rule(g: SchemaGrammar, schema: dict, pointer: str, depth: int) -> Nod
         value = g.node(extra, ptr(pointer, "additionalProperties"), depth + 1)
         if value != NOTHING:
             extras = [(tok(seq(lit('"'), string_not_in(declared), lit('"'))), value)]
-    extra_member = alt(*(seq(key, g.tokens.punct(":"), value) for key, value in extras)) if extras else None
-    body = _members(g, members, extra_member, min_props)
+    if kwargs and extras:
+        raise SchemaNotSupported("a Python call takes its declared keyword arguments only (undeclared "
+                                 "properties are allowed here)", ptr(pointer, "additionalProperties"))
+    extra_member = alt(*(seq(key, colon, value) for key, value in extras)) if extras else None
+    body = _members(g, members, extra_member, min_props, punct(","))
     if body == NOTHING:
         return NOTHING
     if g.tokens.flexible and body == EMPTY:
-        return seq(lit("{"), g.tokens.ws(), lit("}"))
-    return seq(g.tokens.punct("{"), body, g.tokens.punct("}"))
+        return seq(lit("(" if kwargs else "{"), g.tokens.ws(), lit(")" if kwargs else "}"))
+    return seq(punct("{"), body, punct("}"))
+
+
+def _kwarg_name(name: str, pointer: str) -> Node:
+    """A property as a keyword argument: a Python identifier that is not a keyword (`f(from=1)` does
+    not parse), ASCII letters first as vLLM's pythonic parser requires."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or keyword.iskeyword(name):
+        raise SchemaNotSupported(f"property {name!r} is not a Python keyword-argument name", pointer)
+    return lit(name)
 
 
 def _patterns_matching(name: str, pattern_props: dict, pointer: str) -> list:
@@ -114,8 +130,7 @@ def _pattern_extras(g: SchemaGrammar, pattern_props: dict, extra, declared: list
 
 
 def _members(g: SchemaGrammar, members: list[tuple[Node, bool]], extra: Node | None,
-             min_props: int) -> Node:
-    comma = g.tokens.punct(",")
+             min_props: int, comma: Node) -> Node:
     extras_after = rep(seq(comma, extra), 0, None) if extra is not None else EMPTY
     first_required = next((i for i, (_, req) in enumerate(members) if req), None)
     if first_required is not None:

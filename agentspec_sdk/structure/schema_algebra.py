@@ -49,14 +49,25 @@ UNSUPPORTED = {
 TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 
 
-def canonical_literal(value) -> str:
+PYTHON_CONSTANTS = {None: "None", True: "True", False: "False"}
+
+
+def canonical_literal(value, *, python: bool = False, spaced: bool = False) -> str:
     """Canonical JSON text of a value in its own key order: compact, `ensure_ascii=False`,
     numbers in positional notation with Python's shortest round-trip digits, integer-valued ones as
-    integers (`1.0` -> `1`, `1e300` -> `1` and 300 zeros, `-0.0` -> `0`, `1e-05` -> `0.00001`)."""
+    integers (`1.0` -> `1`, `1e300` -> `1` and 300 zeros, `-0.0` -> `0`, `1e-05` -> `0.00001`).
+
+    `python`: the same text as a Python literal (``None``/``True``/``False``; JSON's strings, numbers,
+    lists and objects are already Python literals of the same value). `spaced`: ``, `` and ``: ``
+    between items (`json.dumps`'s default separators, what chat templates' `tojson` writes)."""
+    comma, colon = (", ", ": ") if spaced else (",", ":")
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json_string(k)}:{canonical_literal(v)}" for k, v in value.items()) + "}"
+        return "{" + comma.join(f"{json_string(k)}{colon}{canonical_literal(v, python=python, spaced=spaced)}"
+                                for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(canonical_literal(v) for v in value) + "]"
+        return "[" + comma.join(canonical_literal(v, python=python, spaced=spaced) for v in value) + "]"
+    if python and (value is None or isinstance(value, bool)):
+        return PYTHON_CONSTANTS[value]
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{value!r} is not a JSON number")

@@ -81,36 +81,53 @@ def compile_schema_gbnf(
     return f"root ::= {rules.root}\n{rules.gbnf}"
 
 
-def canonical_texts(schema, value, *, relax=(), closed: bool = False, limit: int = 16) -> list[str]:
+def canonical_texts(schema, value, *, relax=(), closed: bool = False, limit: int = 16,
+                    whitespace: str = "compact", literals: str = "json", root: str = "value") -> list[str]:
     """The canonical serialisations of an instance under a schema's grammar (see `compile_schema`):
     keys in the order the grammar puts them, one text per way the schema's alternatives
     (anyOf/oneOf/dependencies) order them, at most `limit`. If `value` is valid, the grammar of
-    the same schema and options accepts at least one of them."""
-    return CanonicalWriter(SchemaDocument(schema), closed=closed).texts(schema, value, "", 0, limit)
+    the same schema and options (`whitespace` "compact" or "spaced", `literals`, `root`, as
+    `schema_rules` takes them) accepts at least one of them."""
+    if whitespace not in ("compact", "spaced"):
+        raise ValueError(f"canonical texts are 'compact' or 'spaced', not {whitespace!r}")
+    writer = CanonicalWriter(SchemaDocument(schema), closed=closed, spaced=whitespace == "spaced",
+                             python=literals == "python", kwargs=root == "kwargs")
+    return writer.texts(schema, value, "", 0, limit)
 
 
 def schema_rules(
     schema, prefix: str, *, whitespace: str = "compact", relax=(), formats: str = "assert",
-    closed: bool = False
+    closed: bool = False, literals: str = "json", root: str = "value"
 ) -> SchemaRules:
     """Prefixed rules (Lark and xgrammar EBNF) for one schema.
 
-    whitespace: "compact" (canonical, default) or "flexible" (up to 16 blanks around punctuation).
+    whitespace: "compact" (canonical, default), "spaced" (`, ` and `: `, json.dumps's default
+    separators) or "flexible" (up to 16 blanks around punctuation).
+    literals: "json" (default) or "python" (the same values as Python literals: `None`, `True`,
+    `False`; JSON's strings, numbers, lists and objects are Python literals already).
+    root: "value" (default) or "kwargs": the root object written as a Python call's keyword arguments
+    `(a=1, b="x")` in the same canonical key order (its properties must be Python names; no
+    undeclared keys; a root that is not one object schema is `SchemaNotSupported`).
     relax: opt-in relaxations, names in RELAXATIONS. formats: "assert" (default) or "ignore"
     (2020-12's annotation-only reading). closed: objects that do not say `additionalProperties`
     admit no undeclared keys (a restriction, for tool calls: no invented arguments).
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", prefix):
         raise ValueError(f"rule prefix {prefix!r} must match [a-z][a-z0-9_]*")
-    if whitespace not in ("compact", "flexible"):
-        raise ValueError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
+    if whitespace not in ("compact", "spaced", "flexible"):
+        raise ValueError(f"whitespace must be 'compact', 'spaced' or 'flexible', not {whitespace!r}")
+    if literals not in ("json", "python"):
+        raise ValueError(f"literals must be 'json' or 'python', not {literals!r}")
+    if root not in ("value", "kwargs"):
+        raise ValueError(f"root must be 'value' or 'kwargs', not {root!r}")
     unknown = set(relax) - set(RELAXATIONS)
     if unknown:
         raise ValueError(f"unknown relaxations {sorted(unknown)}; known: {sorted(RELAXATIONS)}")
     if formats not in ("assert", "ignore"):
         raise ValueError(f"formats must be 'assert' or 'ignore', not {formats!r}")
     grammar = SchemaGrammar(SchemaDocument(schema), prefix, flexible=whitespace == "flexible",
-                            relax=frozenset(relax), assert_formats=formats == "assert", closed=closed)
+                            relax=frozenset(relax), assert_formats=formats == "assert", closed=closed,
+                            spaced=whitespace == "spaced", python=literals == "python", kwargs=root == "kwargs")
     root, rules = grammar.build()
     try:
         lark_text = to_lark(rules, prefix.upper() + "_T")

@@ -38,10 +38,12 @@ class SchemaGrammar:
     """Rules named `prefix_*` for the schema `document.root`; `build()` returns (root rule, rules)."""
 
     def __init__(self, document: SchemaDocument, prefix: str, *, flexible: bool, relax: frozenset,
-                 assert_formats: bool, closed: bool):
+                 assert_formats: bool, closed: bool, spaced: bool = False, python: bool = False,
+                 kwargs: bool = False):
         self.document = document
         self.prefix = prefix
-        self.tokens = JsonTokens(flexible)
+        self.tokens = JsonTokens(flexible, spaced=spaced, python=python)
+        self.kwargs = kwargs  # the root object is written as keyword arguments (a Python call's)
         self.relax = relax
         self.assert_formats = assert_formats
         self.closed = closed
@@ -86,11 +88,14 @@ class SchemaGrammar:
         doc = self.document
         schema = doc.view(schema, pointer)
         meaningful = set(schema) - ANNOTATIONS
-        if meaningful == {"$ref"}:
+        kwargs_root = self.kwargs and depth == 0
+        if meaningful == {"$ref"} and not kwargs_root:
             return Ref(self.ref_rule(schema["$ref"], pointer))
         schema = doc.flatten(schema, pointer, frozenset())
         if schema is False:
             return NOTHING
+        if kwargs_root:
+            _check_kwargs_root(schema, pointer)
         if schema is True or not (set(schema) - ANNOTATIONS):
             return Ref(self.any_rule())
         if any(key in schema for key in DEPENDENCY_KEYS):
@@ -130,12 +135,16 @@ class SchemaGrammar:
             wanted.append("null")
         if "number" in wanted and "integer" in wanted:
             wanted.remove("integer")
+        if self.kwargs and depth == 0:  # keyword arguments are an object's members, nothing else
+            if "object" not in wanted:
+                raise SchemaNotSupported("a Python call's parameters must be an object schema", pointer)
+            wanted = ["object"]
         options = []
         for t in dict.fromkeys(wanted):
             if t == "null":
-                options.append(lit("null"))
+                options.append(self.tokens.constant(None))
             elif t == "boolean":
-                options.append(alt(lit("true"), lit("false")))
+                options.append(alt(self.tokens.constant(True), self.tokens.constant(False)))
             elif t in ("integer", "number"):
                 options.append(number_rule(schema, pointer, t == "integer"))
             elif t == "string":
@@ -177,8 +186,20 @@ class SchemaGrammar:
             member = seq(string, punct(":"), value)
             self.rules[name] = alt(
                 Ref(obj), Ref(arr), string, numbers.number_range(None, None),
-                lit("true"), lit("false"), lit("null"),
+                self.tokens.constant(True), self.tokens.constant(False), self.tokens.constant(None),
             )
             self.rules[obj] = seq(punct("{"), opt(seq(member, rep(seq(comma, member), 0, None))), punct("}"))
             self.rules[arr] = seq(punct("["), opt(seq(value, rep(seq(comma, value), 0, None))), punct("]"))
         return name
+
+
+def _check_kwargs_root(schema, pointer: str) -> None:
+    """A Python call's keyword arguments are one object's members: a root that is a union, a literal
+    or any value has no keyword-argument form."""
+    if schema is True or not isinstance(schema, dict) or not (set(schema) - ANNOTATIONS):
+        raise SchemaNotSupported("a Python call's parameters must be an object schema (got any value)",
+                                 pointer)
+    for key in ("anyOf", "oneOf", "enum", "const", "$ref"):
+        if key in schema:
+            raise SchemaNotSupported(f"a Python call's parameters must be one object schema ({key!r} at "
+                                     "the root has no keyword-argument form)", ptr(pointer, key))

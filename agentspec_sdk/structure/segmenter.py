@@ -56,7 +56,11 @@ class _Tables:
         opens = {
             m: ("open", kind, idx if fmt.kind(kind).delimited else -1)
             for m, (kind, idx) in fmt.open_markers().items()
+            if not fmt.kind(kind).anchored
         }
+        # an anchored kind's markers open it at the turn's first character only (longest first)
+        self.anchored = sorted(((m, k.name) for k in fmt.kinds if k.anchored for m in k.open),
+                               key=lambda mk: (-len(mk[0]), mk[0]))
         self.modes: dict[tuple[str, int, int], _Mode] = {}
         for k in fmt.kinds:
             if k.delimited:
@@ -123,7 +127,7 @@ class Segmenter:
     """Feed agent output in chunks; read closed `spans` and the open `current` span."""
 
     __slots__ = ("fmt", "_t", "_kind", "_close", "_sub", "_escape", "_start", "_pos", "_held",
-                 "_mode", "_chunks", "_spans")
+                 "_mode", "_chunks", "_spans", "_fresh")
 
     def __init__(self, fmt: AgentFormat, *, initial: str | None = None):
         self.fmt = fmt
@@ -137,6 +141,7 @@ class Segmenter:
         self._held = ""
         self._chunks = _Log()
         self._spans = _Log()
+        self._fresh = bool(self._t.anchored)  # anchored markers still possible (nothing decided yet)
         self._set_mode()
 
     def _set_mode(self) -> None:
@@ -195,6 +200,7 @@ class Segmenter:
         other._kind, other._close, other._sub, other._escape = (self._kind, self._close, self._sub,
                                                                 self._escape)
         other._start, other._pos, other._held = self._start, self._pos, self._held
+        other._fresh = self._fresh
         other._chunks = self._chunks.fork()
         other._spans = self._spans.fork()
         return other
@@ -209,12 +215,12 @@ class Segmenter:
         if not text:
             return None
         saved = (self._kind, self._close, self._sub, self._escape, self._start, self._pos, self._held,
-                 self._mode)
+                 self._mode, self._fresh)
         try:
             closed = self._scan(text, first_only=True)
         finally:
             (self._kind, self._close, self._sub, self._escape, self._start, self._pos, self._held,
-             self._mode) = saved
+             self._mode, self._fresh) = saved
         if not closed:
             return None
         return max(0, closed[0].end - self._pos)
@@ -229,6 +235,14 @@ class Segmenter:
         if self._escape:  # the previous chunk ended on a backslash inside a JSON string
             self._escape = False
             i = 1
+        if self._fresh:
+            i = self._anchored_start(buf, closed, first_only)
+            if i < 0:  # all of it may still begin an anchored marker: hold it
+                self._held = buf
+                return closed
+            if first_only and closed:
+                self._held = ""
+                return closed
         while i < n:
             mode = self._mode
             m = mode.regex.search(buf, i)
@@ -264,6 +278,19 @@ class Segmenter:
         hold = self._hold_from(buf, i, n) if n else None
         self._held = buf[hold:] if hold is not None else ""
         return closed
+
+    def _anchored_start(self, buf: str, closed: list[Span], probe: bool) -> int:
+        """At the turn's start: open an anchored kind if the text begins with one of its markers (the
+        index after the marker), -1 while the text is still a proper prefix of one, else 0."""
+        for marker, kind in self._t.anchored:
+            if buf.startswith(marker):
+                self._fresh = False
+                self._switch(0, kind, -1, closed, probe)
+                return len(marker)
+        if any(m.startswith(buf) for m, _ in self._t.anchored):
+            return -1
+        self._fresh = False
+        return 0
 
     def _hold_from(self, buf: str, lo: int, hi: int) -> int | None:
         """First k in [lo, hi) with buf[k:] a proper prefix of a live string (k > n - longest)."""

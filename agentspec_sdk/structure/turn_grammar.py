@@ -24,6 +24,7 @@ marker automaton (it parses non-deterministically, so text and marker can stay a
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from functools import lru_cache
 from typing import Literal
 
 from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
-from agentspec_sdk.structure.formats import AgentFormat, get_format
+from agentspec_sdk.structure.formats import DEFAULT_SYNTAX, AgentFormat, CallSyntax, get_format
 from agentspec_sdk.structure.grammar_ir import Lit, to_regex
 from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
@@ -47,7 +48,7 @@ def turn_grammar(
     fmt: AgentFormat | str,
     registry: ToolRegistry | Iterable[Tool] = (),
     *,
-    whitespace: str = "compact",
+    whitespace: str | None = None,
     tool_choice: ToolChoice = "auto",
     dialect: Literal["llguidance", "lark"] = "llguidance",
     special_tokens: Sequence[str] = (),
@@ -58,6 +59,8 @@ def turn_grammar(
 ) -> str:
     """Lark text for one model turn of `fmt` with the tools of `registry`.
 
+    `whitespace`: of the call payload, ``compact``, ``spaced`` or ``flexible``; None: the format's call
+    syntax's (``compact`` for formats without one).
     `special_tokens`: markers that are single special tokens in the target tokenizer (e.g. Qwen's
     ``<tool_call>``); llguidance must then see them as ``<tool_call>`` (token syntax), not as text.
     `single_call` (layout ``tool_calls``, ``tool_choice="call"``): the turn is one call in the call
@@ -71,7 +74,8 @@ def turn_grammar(
         raise FormatError("python lark has no special-token syntax; use dialect='llguidance'")
     if thought_chars is not None and dialect != "llguidance":
         raise FormatError("thought_chars needs dialect='llguidance' (its line is an llguidance lexeme)")
-    shape = _Shape(tool_choice, whitespace, tuple(relax), single_call, thought_chars)
+    fmt = get_format(fmt)
+    shape = _Shape(tool_choice, whitespace or fmt.syntax.whitespace, tuple(relax), single_call, thought_chars)
     return _build(fmt, _tools(registry), shape, dialect, tuple(special_tokens), closed)
 
 
@@ -79,31 +83,35 @@ def turn_grammar_gbnf(
     fmt: AgentFormat | str,
     registry: ToolRegistry | Iterable[Tool] = (),
     *,
-    whitespace: str = "compact",
+    whitespace: str | None = None,
     tool_choice: ToolChoice = "auto",
     relax: Sequence[str] = (),
     closed: bool = True,
     single_call: bool = False,
 ) -> str:
     """The same turn grammar in xgrammar's EBNF (root rule ``root``; special tokens are text there)."""
-    shape = _Shape(tool_choice, whitespace, tuple(relax), single_call, None)
+    fmt = get_format(fmt)
+    shape = _Shape(tool_choice, whitespace or fmt.syntax.whitespace, tuple(relax), single_call, None)
     return _build(fmt, _tools(registry), shape, "gbnf", (), closed)
 
 
 def tool_call_grammar(
     registry: ToolRegistry | Iterable[Tool],
     *,
-    whitespace: str = "compact",
+    whitespace: str | None = None,
     dialect: Dialect = "llguidance",
     relax: Sequence[str] = (),
     closed: bool = True,
+    syntax: CallSyntax | None = None,
 ) -> str:
-    """Grammar of one call object ``{"name":…,"arguments":…}`` (what the drafter forces)."""
+    """Grammar of one call (what the drafter forces): the object ``{"name":…,"arguments":…}``, or the
+    call in `syntax` (a format's `call_syntax`; `whitespace` None: the syntax's)."""
     tools = _tools(registry)
     if not tools:
         raise ToolRegistryError("no tools registered: a tool call grammar needs at least one tool")
+    syntax = syntax or DEFAULT_SYNTAX
     b = _Builder(dialect, closed=closed)
-    union = _call_union(b, tools, whitespace, tuple(relax))
+    union = _call_union(b, tools, whitespace or syntax.whitespace, tuple(relax), syntax)
     b.rule(b.start, union)
     return b.render()
 
@@ -130,8 +138,9 @@ def _build(fmt, tools, shape: _Shape, dialect, special, closed) -> str:
     fmt = get_format(fmt)
     shape = _checked(fmt, tools, shape)
     b = _Builder(dialect, special, closed=closed)
-    avoid = tuple(m for k in fmt.kinds for m in k.open)
-    {"react": _react, "tool_calls": _tool_calls, "code_agent": _code}[fmt.layout](b, fmt, tools, avoid, shape)
+    avoid = tuple(m for k in fmt.kinds if not k.anchored for m in k.open)
+    layouts = {"react": _react, "tool_calls": _tool_calls, "code_agent": _code, "call_list": _call_list}
+    layouts[fmt.layout](b, fmt, tools, avoid, shape)
     return b.render()
 
 
@@ -142,7 +151,7 @@ def _checked(fmt: AgentFormat, tools, shape: _Shape) -> _Shape:
         raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or 'call', not {choice!r}")
     if fmt.layout is None:
         raise FormatError(f"format {fmt.name!r} has no layout, so it has no turn grammar")
-    if shape.single_call and (fmt.layout != "tool_calls" or choice != "call"):
+    if shape.single_call and (fmt.layout not in ("tool_calls", "call_list") or choice != "call"):
         raise FormatError(f"single_call needs the 'tool_calls' layout and tool_choice='call' (format "
                           f"{fmt.name!r} has layout {fmt.layout!r}, tool_choice={choice!r})")
     if shape.thought_chars is not None:
@@ -160,7 +169,7 @@ def _checked(fmt: AgentFormat, tools, shape: _Shape) -> _Shape:
                                     f"{fmt.name!r})")
         if fmt.layout != "code_agent":
             choice = "none"
-    if choice == "call" and fmt.layout != "tool_calls":
+    if choice == "call" and fmt.layout not in ("tool_calls", "call_list"):
         choice = "required"  # react / code turns have no call-only shape: require a call
     return _Shape(choice, shape.whitespace, shape.relax, shape.single_call, shape.thought_chars)
 
@@ -168,22 +177,53 @@ def _checked(fmt: AgentFormat, tools, shape: _Shape) -> _Shape:
 def _tool_calls(b, fmt, tools, avoid, shape: _Shape) -> None:
     kind = fmt.kind("tool_call")
     choice, whitespace, relax = shape.choice, shape.whitespace, shape.relax
+    syntax = fmt.syntax
+    nl = '"\\n"' if syntax.newlines == "required" else '"\\n"?'
     if shape.single_call:  # one call in the call markers and nothing else
-        union = _call_union(b, tools, whitespace, relax)
-        b.rule(b.start, f"{b.lit(kind.open[0])} ({union}) {b.lit(kind.close[0])}")
+        union = _call_union(b, tools, whitespace, relax, syntax)
+        if fmt.call_syntax is None:  # the built-in format's single call, as it always was
+            b.rule(b.start, f"{b.lit(kind.open[0])} ({union}) {b.lit(kind.close[0])}")
+        else:
+            b.rule(b.start, f"{b.lit(kind.open[0])} {nl} {union} {nl} {b.lit(kind.close[0])}")
         return
     text = b.text(avoid)
     if choice == "none":
         b.rule(b.start, f"{text}?")
         return
-    union = _call_union(b, tools, whitespace, relax)
+    union = _call_union(b, tools, whitespace, relax, syntax)
     block = b.name("call_block")
-    b.rule(block, f'"\\n"? {union} "\\n"? {b.lit(kind.close[0])}')
+    b.rule(block, f'{nl} {union} {nl} {b.lit(kind.close[0])}')
     rest = f"{block} ({b.ws_then(kind.open[0])} {block})* {b.ws()}?"
     if choice == "call":  # the turn is tool calls from its first character
         b.rule(b.start, f"{b.lit(kind.open[0])} {rest}")
         return
     calls = f"{b.text_then(avoid, kind.open[0])} {rest}"
+    b.rule(b.start, calls if choice == "required" else f"{text}? | {calls}")
+
+
+def _call_list(b, fmt, tools, avoid, shape: _Shape) -> None:
+    """One list of calls (Mistral's ``[TOOL_CALLS][…]``, Llama's ``{…}; {…}``, pythonic ``[f(), g()]``)
+    after the syntax's lead marker, or from the turn's first character; the turn ends with the list."""
+    kind, syntax, choice = fmt.kind("tool_call"), fmt.syntax, shape.choice
+    anchored = tuple(m for k in fmt.kinds if k.anchored for m in k.open)
+    text = b.text(avoid, not_first=anchored)
+    if choice == "none":
+        b.rule(b.start, f"{text}?")
+        return
+    union = _call_union(b, tools, shape.whitespace, shape.relax, syntax)
+    more = "" if shape.single_call else f" ({b.lit(syntax.list_sep)} {union})*"
+    body = " ".join(p for p in (b.lit(syntax.list_open) if syntax.list_open else "", f"{union}{more}",
+                                b.lit(syntax.list_close) if syntax.list_close else "") if p)
+    calls_rule = b.name("call_list")
+    b.rule(calls_rule, body)
+    lead = ""
+    if syntax.lead:
+        lead = f"{b.lit(syntax.lead)}? " if syntax.lead_optional else f"{b.lit(syntax.lead)} "
+    if choice == "call" or kind.anchored or not syntax.lead:  # the turn is the call list
+        calls = f"{lead}{calls_rule}"
+        b.rule(b.start, calls if choice in ("call", "required") else f"{text}? | {calls}")
+        return
+    calls = f"{b.text_then(avoid, syntax.lead)} {calls_rule}"  # text, then the lead marker
     b.rule(b.start, calls if choice == "required" else f"{text}? | {calls}")
 
 
@@ -238,27 +278,45 @@ def _code(b, fmt, tools, avoid, shape: _Shape) -> None:
     b.rule(b.start, code if choice == "required" else f"{text}? | {code}")
 
 
-def _call_union(b, tools, whitespace, relax) -> str:
+def _call_union(b, tools, whitespace, relax, syntax: CallSyntax = DEFAULT_SYNTAX) -> str:
     calls = []
+    comma, colon = (", ", ": ") if whitespace == "spaced" else (",", ":")
     for i, tool in enumerate(tools):
-        args = _args_rule(b, i, tool, whitespace, relax)
         call = b.name(f"call_{i}")
-        head = '{"name":' + json.dumps(tool.name) + ',"arguments":'
-        b.rule(call, f'{b.lit(head)} {args} "}}"')
+        if syntax.payload == "python_call":  # name(a=1, b="x"): the arguments rule holds the parentheses
+            args = _args_rule(b, i, tool, whitespace, relax, python=True)
+            b.rule(call, f"{b.lit(python_name(tool.name))} {args}")
+        else:
+            args = _args_rule(b, i, tool, whitespace, relax)
+            head = ("{" + json.dumps(syntax.name_key) + colon + json.dumps(tool.name) + comma
+                    + json.dumps(syntax.args_key) + colon)
+            b.rule(call, f'{b.lit(head)} {args} "}}"')
         calls.append(call)
     union = b.name("tool_call")
     b.rule(union, " | ".join(calls))
     return union
 
 
-def _args_rule(b, i: int, tool: Tool, whitespace: str, relax) -> str:
+def python_name(name: str) -> str:
+    """A tool name as a Python call's function: an identifier (ASCII letter first, not a keyword), as
+    vLLM's pythonic parser reads it (its pattern has no dotted or hyphenated names)."""
+    if not _PY_NAME.fullmatch(name) or keyword.iskeyword(name):
+        raise ToolRegistryError(f"tool {name!r}: a Python call needs a name matching {_PY_NAME.pattern} "
+                                "that is not a Python keyword")
+    return name
+
+
+_PY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def _args_rule(b, i: int, tool: Tool, whitespace: str, relax, *, python: bool = False) -> str:
     key = f"t{i}"
     if key in b.schemas:
         return b.schemas[key].root
     schema = close_objects(tool.parameters) if b.closed else tool.parameters
     params = json.dumps(schema)  # key order kept: it is the property order of the grammar
     try:
-        rules = _schema_rules_cached(params, key, whitespace, tuple(sorted(relax)))
+        rules = _schema_rules_cached(params, key, whitespace, tuple(sorted(relax)), python)
     except SchemaNotSupported as exc:
         base = str(exc).rsplit(" (at ", 1)[0]
         raise type(exc)(f"tool {tool.name!r} parameters: {base}", exc.pointer) from exc
@@ -290,7 +348,10 @@ def close_objects(schema):
 
 
 @lru_cache(maxsize=1024)
-def _schema_rules_cached(params: str, prefix: str, whitespace: str, relax: tuple) -> SchemaRules:
+def _schema_rules_cached(params: str, prefix: str, whitespace: str, relax: tuple, python: bool) -> SchemaRules:
+    if python:  # a Python call's keyword arguments, values as Python literals
+        return schema_rules(json.loads(params), prefix, whitespace=whitespace, relax=relax, literals="python",
+                            root="kwargs")
     return schema_rules(json.loads(params), prefix, whitespace=whitespace, relax=relax)
 
 
@@ -311,6 +372,7 @@ class _Builder:
         self.schemas: dict[str, SchemaRules] = {}
         self._lexemes: dict[tuple, str] = {}
         self._automata: dict[tuple[str, ...], str] = {}
+        self._heads: dict[tuple, str] = {}
 
     def name(self, base: str) -> str:
         return f"turn_{base}"
@@ -337,15 +399,30 @@ class _Builder:
             self._lexemes[key] = name
         return name
 
-    def text(self, avoid: Sequence[str]) -> str:
-        """Non-empty text without any of `avoid` (use it with `?`)."""
+    def text(self, avoid: Sequence[str], not_first: Sequence[str] = ()) -> str:
+        """Non-empty text without any of `avoid` (use it with `?`); with `not_first`, text that does not
+        start with one of those (an anchored kind's markers, live at the turn's first character only)."""
         avoid = self._plain(avoid)
         alts = _alts(avoid)
+        if not not_first:
+            return self._lexeme(
+                ("text", avoid),
+                f"(?:(?!{alts})[\\s\\S])+" if avoid else "[\\s\\S]+",
+                f"/(?s:.+)/ & ~/(?s:.*(?:{alts}).*)/" if avoid else "/(?s:.+)/",
+                self._automaton(avoid, nonempty=True),
+            )
+        first = tuple(sorted(set(not_first)))
+        heads = _alts(first)
+        gbnf = ""
+        if self.dialect == "gbnf":
+            self._automaton(avoid, nonempty=True)  # the state rules the anchored start falls into
+            gbnf = self._anchored_start(avoid, first)
         return self._lexeme(
-            ("text", avoid),
-            f"(?:(?!{alts})[\\s\\S])+" if avoid else "[\\s\\S]+",
-            f"/(?s:.+)/ & ~/(?s:.*(?:{alts}).*)/" if avoid else "/(?s:.+)/",
-            self._automaton(avoid, nonempty=True),
+            ("text", avoid, first),
+            f"(?!{heads})(?:(?!{alts})[\\s\\S])+" if avoid else f"(?!{heads})[\\s\\S]+",
+            (f"/(?s:.+)/ & ~/(?s:.*(?:{alts}).*)/ & ~/(?:{heads})(?s:.*)/" if avoid
+             else f"/(?s:.+)/ & ~/(?:{heads})(?s:.*)/"),
+            gbnf,
         )
 
     def text_then(self, avoid: Sequence[str], marker: str) -> str:
@@ -384,6 +461,15 @@ class _Builder:
             base = self._automata[avoid] = f"turn_safe_{len(self._automata)}"
             self.extra.extend(_safe_text_gbnf(avoid, base))
         return f"{base}_plus" if nonempty else f"{base}_star"
+
+    def _anchored_start(self, avoid: tuple[str, ...], first: tuple[str, ...]) -> str:
+        """GBNF only: the start rule of non-empty text avoiding `avoid` that does not begin with one of
+        `first`; it reads a prefix of those markers, then falls into the `avoid` automaton's state."""
+        base = self._automata[avoid]
+        name = f"{base}_head{len(self._heads)}"
+        self._heads[(avoid, first)] = name
+        self.extra.extend(_anchored_gbnf(avoid, first, base, name))
+        return name
 
     def render(self) -> str:
         sep = " ::= " if self.dialect == "gbnf" else ": "
@@ -437,6 +523,49 @@ def _safe_text_gbnf(avoid: tuple[str, ...], base: str) -> list[str]:
     empty = '""'
     lines = [f"{state[q]} ::= {' | '.join([empty, *edges(q)])}" for q in prefixes]
     lines.append(f"{base}_plus ::= {' | '.join(edges(''))}")
+    return lines
+
+
+_OUTSIDE = "\x00"  # stands for a character in no marker (NUL is in none of ours)
+
+
+def _anchored_gbnf(avoid: tuple[str, ...], first: tuple[str, ...], base: str, name: str) -> list[str]:
+    """Rules for non-empty text that contains none of `avoid` and does not start with one of `first`.
+
+    States are the prefixes of `first` read so far (`name` is the empty one, which may not end); a
+    character that leaves them lands in the state of `_safe_text_gbnf`'s automaton (rules `base_*`)
+    that the text read so far leads to."""
+    heads = sorted({m[:i] for m in first for i in range(len(m))}, key=lambda s: (len(s), s))
+    hset = set(heads)
+    pset = {m[:i] for m in avoid for i in range(len(m))}
+    state = {h: (name if h == "" else f"{name}_{i}") for i, h in enumerate(heads)}
+    alphabet = sorted({c for m in (*avoid, *first) for c in m})
+
+    def safe_state(text: str) -> str | None:  # the avoid automaton after reading `text` from its start
+        q = ""
+        for c in text:
+            s = q + c
+            if any(s.endswith(m) for m in avoid):
+                return None
+            q = next(s[k:] for k in range(len(s) + 1) if s[k:] in pset)
+        return f"{base}_star" if q == "" else f"{base}_{sorted(pset, key=lambda s: (len(s), s)).index(q)}"
+
+    lines = []
+    for h in heads:
+        by_target: dict[str, list[str]] = {}
+        for c in alphabet:
+            s = h + c
+            if s in first:
+                continue  # the text would start with an anchored marker
+            target = state[s] if s in hset else safe_state(s)
+            if target is not None:
+                by_target.setdefault(target, []).append(c)
+        rest = safe_state(h + _OUTSIDE)  # any character outside the alphabet
+        edges = [f"[^{_gbnf_class(alphabet)}] {rest}"] if rest is not None else []
+        edges += [f"[{_gbnf_class(cs)}] {t}" for t, cs in sorted(by_target.items())]
+        if h:
+            edges.insert(0, '""')  # a text may end inside a marker's prefix (it is no marker)
+        lines.append(f"{state[h]} ::= {' | '.join(edges)}")
     return lines
 
 

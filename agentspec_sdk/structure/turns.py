@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec_sdk.errors import TurnParseError
+from agentspec_sdk.structure.call_syntax import read_call, read_call_list
 from agentspec_sdk.structure.formats import CODE_TOOL, FENCE, AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import Segmenter, Span
 
@@ -45,7 +46,8 @@ def parse_turn(fmt: AgentFormat | str, text: str) -> ParsedTurn:
         if fmt.kind(span.kind).writer == "env":
             break
         parts.append((span, text[span.start : span.end]))
-    return {"tool_calls": _tool_calls, "react": _react, "code_agent": _code}[fmt.layout](fmt, parts)
+    layouts = {"tool_calls": _tool_calls, "react": _react, "code_agent": _code, "call_list": _call_list}
+    return layouts[fmt.layout](fmt, parts)
 
 
 def parse_calls(fmt: AgentFormat | str, text: str) -> list[ToolCall]:
@@ -83,11 +85,28 @@ def _reasoning(fmt: AgentFormat, parts) -> str:
 def _tool_calls(fmt: AgentFormat, parts) -> ParsedTurn:
     calls = []
     for n, (sp, body) in enumerate(p for p in parts if p[0].kind == "tool_call"):
-        calls.append(_call_object(_strip_markers(fmt, sp, body), f"tool call #{n + 1} at offset {sp.start}"))
+        where = f"tool call #{n + 1} at offset {sp.start}"
+        calls.append(ToolCall(*read_call(fmt.syntax, _strip_markers(fmt, sp, body), where)))
     reasoning = _reasoning(fmt, parts)
     if calls:
         return ParsedTurn(reasoning, calls)
     return ParsedTurn("", [], reasoning)
+
+
+def _call_list(fmt: AgentFormat, parts) -> ParsedTurn:
+    """The call list runs from the first call segment to the turn's end (an anchored kind's text
+    may hold its own marker characters, e.g. the brackets of a pythonic list)."""
+    first = next((i for i, (sp, _) in enumerate(parts) if sp.kind == "tool_call"), None)
+    if first is None:
+        return ParsedTurn("", [], _reasoning(fmt, parts))
+    start = parts[first][0].start
+    raw = "".join(body for _, body in parts[first:])
+    syntax = fmt.syntax
+    if syntax.lead and raw.startswith(syntax.lead):
+        raw = raw[len(syntax.lead):]
+    where = f"tool call list at offset {start}"
+    calls = [ToolCall(n, a) for n, a in read_call_list(syntax, raw, where)]
+    return ParsedTurn(_reasoning(fmt, parts[:first]), calls)
 
 
 def _react(fmt: AgentFormat, parts) -> ParsedTurn:
@@ -120,22 +139,6 @@ def _code(fmt: AgentFormat, parts) -> ParsedTurn:
     if blocks:
         return ParsedTurn(reasoning, [], None, "\n\n".join(blocks))
     return ParsedTurn("", [], reasoning, None)
-
-
-def _call_object(raw: str, where: str) -> ToolCall:
-    obj = _json(raw.strip(), where)
-    if not isinstance(obj, dict):
-        raise TurnParseError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        raise TurnParseError(f"{where}: missing or non-string 'name'")
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
-        args = _json(args, f"{where}, arguments of {name!r}")
-    if not isinstance(args, dict):
-        raise TurnParseError(f"{where}: arguments of {name!r} must be a JSON object, got "
-                             f"{type(args).__name__}")
-    return ToolCall(name, args)
 
 
 def _arguments(raw: str, where: str) -> dict[str, Any]:
