@@ -54,11 +54,13 @@ def tool_format_of(name: str, formats: str | None = None) -> dict:
     its layout must carry tool calls (tool_calls or react)."""
     from agentspec_sdk.structure.formats import get_format
 
+    from agentspec_sdk.backends.tool_prompt import LAYOUTS
+
     known = {f.name: f for f in load_formats(formats)} if formats else {}
     fmt = known.get(name) or get_format(name)
-    if fmt.layout not in ("tool_calls", "react"):
+    if fmt.layout not in LAYOUTS:
         raise AgentSpecError(f"--tool-format {name!r}: layout {fmt.layout!r} has no OpenAI tool calls "
-                             "(use a tool_calls or react format, or --no-tool-parser)")
+                             f"(use a {', '.join(LAYOUTS)} format, or --no-tool-parser)")
     return fmt.to_dict()
 
 

@@ -102,7 +102,7 @@ def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any, parallel:
 def one_call(fmt: AgentFormat, registry: ToolRegistry) -> str:
     """Exactly one call block (tool_calls layout; a react turn is one call already but keeps its
     Thought, so it gets its required turn grammar)."""
-    return turn_grammar(fmt, registry, tool_choice="call", single_call=fmt.layout == "tool_calls")
+    return turn_grammar(fmt, registry, tool_choice="call", single_call=fmt.layout in ("tool_calls", "call_list"))
 
 
 def registry_of(tools: list[dict]) -> ToolRegistry:
@@ -194,13 +194,20 @@ class AgentSpecToolParser(ToolParser):
     # -- reading the format ----------------------------------------------------------------------
 
     def _call_markers(self) -> tuple[str, ...]:
-        kind = "tool_call" if self.fmt.layout == "tool_calls" else "action"
+        kind = "action" if self.fmt.layout == "react" else "tool_call"
         return self.fmt.kind(kind).open
 
     def _content(self, text: str, *, final: bool) -> str:
         """Text before the first call marker, right-stripped. While streaming, a tail that may still
-        become a marker is held back (so is trailing whitespace, which the final content drops)."""
+        become a marker is held back (so is trailing whitespace, which the final content drops). An
+        anchored call kind (a pythonic list, Llama's bare JSON) is a call only from the first character."""
         markers = self._call_markers()
+        if self.fmt.layout == "call_list" and self.fmt.kind("tool_call").anchored:
+            if any(text.startswith(m) for m in markers):
+                return ""
+            if not final and any(m.startswith(text) for m in markers):
+                return ""
+            return text.rstrip()
         cut = min((i for i in (text.find(m) for m in markers) if i >= 0), default=-1)
         if cut >= 0:
             return text[:cut].rstrip()

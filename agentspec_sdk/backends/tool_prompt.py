@@ -20,7 +20,8 @@ from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 
 log = logging.getLogger("agentspec.backends")
-LAYOUTS = ("tool_calls", "react")  # the layouts whose turns carry tool calls an OpenAI client reads
+# the layouts whose turns carry tool calls an OpenAI client reads
+LAYOUTS = ("tool_calls", "react", "call_list")
 
 
 def chat_template(fmt: AgentFormat | str, base: str) -> str:
@@ -31,20 +32,40 @@ def chat_template(fmt: AgentFormat | str, base: str) -> str:
         raise AgentSpecError(f"format {fmt.name!r} has no tool-call layout ({' or '.join(LAYOUTS)})")
     how = fmt.instructions or fmt.description or f"Write your turn in the {fmt.name} format."
     before, _, after = fmt.env_wrap.partition("{}")
-    if fmt.layout == "tool_calls":  # the call object as the turn grammar writes it
-        kind = fmt.kind("tool_call")
-        head, mid, tail = _lit(kind.open[0] + '{"name":'), _lit(',"arguments":'), _lit("}" + kind.close[0])
-        call = f"{head} ~ (tc.function.name | tojson) ~ {mid} ~ ns.args ~ {tail}"
-    else:
+    sep, opening, closing = "\n", "", ""
+    syntax = fmt.syntax
+    if fmt.layout == "react":
         act, inp = fmt.kind("action").open[0], fmt.kind("action_input").open[0]
         call = f"{_lit(act + ' ')} ~ tc.function.name ~ {_lit(chr(10) + inp + ' ')} ~ ns.args"
+    else:  # the call as the turn grammar writes it
+        call = _call_expr(syntax)
+        if fmt.layout == "tool_calls":
+            kind = fmt.kind("tool_call")
+            nl = "\n" if syntax.newlines == "required" else ""
+            call = f"{_lit(kind.open[0] + nl)} ~ {call} ~ {_lit(nl + kind.close[0])}"
+        else:
+            sep, opening, closing = syntax.list_sep, syntax.lead + syntax.list_open, syntax.list_close
     prelude = (_PRELUDE.replace("@SYSTEM@", _lit(how + "\n\nTools (JSON):")).replace("@BEFORE@", _lit(before))
-               .replace("@AFTER@", _lit(after)).replace("@CALL@", call))
+               .replace("@AFTER@", _lit(after)).replace("@CALL@", call).replace("@SEP@", _lit(sep))
+               .replace("@OPEN@", _lit(opening)).replace("@CLOSE@", _lit(closing))
+               .replace("@JSON@", _lit(", ") if syntax.whitespace == "spaced" else _lit(","))
+               .replace("@COLON@", _lit(": ") if syntax.whitespace == "spaced" else _lit(":")))
     return prelude + base
 
 
+def _call_expr(syntax) -> str:
+    """Jinja for one call `tc` in the call syntax (`ns.args`: its arguments, JSON text; `ns.kwargs`:
+    them as keyword arguments, scalars as Python literals, nested values as JSON)."""
+    if syntax.payload == "python_call":
+        return "tc.function.name ~ '(' ~ ns.kwargs ~ ')'"
+    comma, colon = (", ", ": ") if syntax.whitespace == "spaced" else (",", ":")
+    head = _lit("{" + json.dumps(syntax.name_key) + colon)
+    mid = _lit(comma + json.dumps(syntax.args_key) + colon)
+    return f"{head} ~ (tc.function.name | tojson) ~ {mid} ~ ns.args ~ '}}'"
+
+
 _PRELUDE = """{%- if tools %}
-{%- set ns = namespace(msgs=[], system=@SYSTEM@, text='', args=none) %}
+{%- set ns = namespace(msgs=[], system=@SYSTEM@, text='', args=none, kwargs='', calls=[]) %}
 {%- for t in tools %}{%- set f = t.function if t.function is defined else t %}
 {%- set ns.system = ns.system ~ '\\n' ~ ({'name': f.name, 'description': f.description or '',
                                    'parameters': f.parameters or {}} | tojson(separators=(',', ':'))) %}
@@ -55,11 +76,18 @@ _PRELUDE = """{%- if tools %}
 {%- set ns.msgs = ns.msgs + [{'role': 'user', 'content': @BEFORE@ ~ (m.content or '') ~ @AFTER@}] %}
 {%- elif m.role == 'assistant' and m.tool_calls %}
 {%- set ns.text = m.content or '' %}
+{%- set ns.calls = [] %}
 {%- for tc in m.tool_calls %}
 {%- set ns.args = tc.function.arguments %}
-{%- if ns.args is not string %}{%- set ns.args = ns.args | tojson(separators=(',', ':')) %}{%- endif %}
-{%- set ns.text = ns.text ~ ('\\n' if ns.text else '') ~ (@CALL@) %}
+{%- set ns.kwargs = ns.args if ns.args is string else '' %}
+{%- if ns.args is mapping %}{%- for k, v in ns.args.items() %}
+{%- set ns.kwargs = ns.kwargs ~ (@JSON@ if loop.index > 1 else '') ~ k ~ '=' ~ ('None' if v is none else
+    ('True' if v is sameas true else ('False' if v is sameas false else v | tojson(separators=(@JSON@, @COLON@))))) %}
+{%- endfor %}{%- endif %}
+{%- if ns.args is not string %}{%- set ns.args = ns.args | tojson(separators=(@JSON@, @COLON@)) %}{%- endif %}
+{%- set ns.calls = ns.calls + [@CALL@] %}
 {%- endfor %}
+{%- set ns.text = ns.text ~ ('\\n' if ns.text else '') ~ @OPEN@ ~ (ns.calls | join(@SEP@)) ~ @CLOSE@ %}
 {%- set ns.msgs = ns.msgs + [{'role': 'assistant', 'content': ns.text}] %}
 {%- else %}{%- set ns.msgs = ns.msgs + [{'role': m.role, 'content': m.content or ''}] %}
 {%- endif %}

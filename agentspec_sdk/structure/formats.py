@@ -365,9 +365,11 @@ def _validate_syntax(fmt: AgentFormat, where: str) -> None:
             raise FormatError(f"{where}: layout 'call_list' needs a call_syntax (the list's punctuation)")
         return
     if fmt.layout not in ("tool_calls", "call_list"):
-        raise FormatError(f"{where}: call_syntax needs layout 'tool_calls' or 'call_list', not {fmt.layout!r}")
+        raise FormatError(f"{where}: call_syntax needs layout 'tool_calls' or 'call_list', not "
+                          f"{fmt.layout!r}")
     kind = fmt.kind("tool_call")
-    if fmt.layout == "tool_calls" and (syntax.lead or syntax.list_open or syntax.list_sep or syntax.list_close):
+    listed = syntax.lead or syntax.list_open or syntax.list_sep or syntax.list_close
+    if fmt.layout == "tool_calls" and listed:
         raise FormatError(f"{where}: layout 'tool_calls' writes each call in its own markers: call_syntax "
                           "takes no lead or list punctuation there")
     if fmt.layout == "call_list":
@@ -445,7 +447,8 @@ CODE_AGENT = AgentFormat(
 
 HERMES = AgentFormat(
     name="hermes",
-    description="Hermes/Qwen2.5 native tool calls: <tool_call>\\n{\"name\": …, \"arguments\": …}\\n</tool_call>.",
+    description=("Hermes/Qwen2.5 native tool calls: "
+                 '<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>.'),
     initial="reasoning",
     kinds=(
         SegmentKind("reasoning", LawClass.R, "model"),
@@ -531,7 +534,8 @@ PYTHONIC = AgentFormat(
 
 GEMMA_TOOL_CODE = AgentFormat(
     name="gemma_tool_code",
-    description='Gemma tool calls: a ```tool_code block holding a Python call f(a="x"); results in ```tool_output.',
+    description=('Gemma tool calls: a ```tool_code block holding a Python call f(a="x"); results in '
+                 "```tool_output."),
     initial="reasoning",
     kinds=(
         SegmentKind("reasoning", LawClass.R, "model"),

@@ -127,7 +127,8 @@ def schema_rules(
         raise ValueError(f"formats must be 'assert' or 'ignore', not {formats!r}")
     grammar = SchemaGrammar(SchemaDocument(schema), prefix, flexible=whitespace == "flexible",
                             relax=frozenset(relax), assert_formats=formats == "assert", closed=closed,
-                            spaced=whitespace == "spaced", python=literals == "python", kwargs=root == "kwargs")
+                            spaced=whitespace == "spaced", python=literals == "python",
+                            kwargs=root == "kwargs")
     root, rules = grammar.build()
     try:
         lark_text = to_lark(rules, prefix.upper() + "_T")

@@ -348,7 +348,8 @@ def close_objects(schema):
 
 
 @lru_cache(maxsize=1024)
-def _schema_rules_cached(params: str, prefix: str, whitespace: str, relax: tuple, python: bool) -> SchemaRules:
+def _schema_rules_cached(params: str, prefix: str, whitespace: str, relax: tuple,
+                         python: bool) -> SchemaRules:
     if python:  # a Python call's keyword arguments, values as Python literals
         return schema_rules(json.loads(params), prefix, whitespace=whitespace, relax=relax, literals="python",
                             root="kwargs")
