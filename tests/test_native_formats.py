@@ -61,8 +61,9 @@ def _bad_turns(fmt, good: str, one: str, name: str) -> list[str]:
     if fmt.name in PYTHON:
         out += [one.replace("(", '(zz_extra="1", ', 1), one.replace("=", " = ", 1)]
     else:
-        out += [one.replace('{"name": ', '{"name":', 1), one.replace('"arguments": {', '"arguments": {"zz_extra": 1, ', 1)
-                .replace('"parameters": {', '"parameters": {"zz_extra": 1, ', 1)]
+        extra = one.replace('"arguments": {', '"arguments": {"zz_extra": 1, ', 1)
+        out += [one.replace('{"name": ', '{"name":', 1),
+                extra.replace('"parameters": {', '"parameters": {"zz_extra": 1, ', 1)]
     return out
 
 
@@ -105,18 +106,18 @@ def test_parse_calls_reads_what_the_writer_writes(name):
     assert parse_calls(fmt, "Just words, [1] and {2}.") == []
 
 
+CALLS = [("cd", {"folder": "docs"}), ("ls", {"a": True})]
 EXAMPLES = {
     # what each family's model writes (upstream template style), and the calls in it
     "hermes": ('Let me look.\n<tool_call>\n{"name": "cd", "arguments": {"folder": "docs"}}\n</tool_call>\n'
-               '<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>',
-               [("cd", {"folder": "docs"}), ("ls", {"a": True})]),
+               '<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>', CALLS),
     "llama3_json": ('<|python_tag|>{"name": "cd", "parameters": {"folder": "docs"}}; '
-                    '{"name": "ls", "parameters": {"a": true}}', [("cd", {"folder": "docs"}), ("ls", {"a": True})]),
+                    '{"name": "ls", "parameters": {"a": true}}', CALLS),
     "mistral": ('[TOOL_CALLS][{"name": "cd", "arguments": {"folder": "docs"}}, {"name": "ls", "arguments": '
-                '{"a": true}}]', [("cd", {"folder": "docs"}), ("ls", {"a": True})]),
-    "pythonic": ('[cd(folder="docs"), ls(a=True)]', [("cd", {"folder": "docs"}), ("ls", {"a": True})]),
-    "gemma_tool_code": ('I will list it.\n```tool_code\ncd(folder="docs")\n```\n```tool_code\nls(a=True)\n```',
-                        [("cd", {"folder": "docs"}), ("ls", {"a": True})]),
+                '{"a": true}}]', CALLS),
+    "pythonic": ('[cd(folder="docs"), ls(a=True)]', CALLS),
+    "gemma_tool_code": ('I will list it.\n```tool_code\ncd(folder="docs")\n```\n'
+                        '```tool_code\nls(a=True)\n```', CALLS),
 }
 
 
@@ -197,8 +198,8 @@ def test_text_before_calls_is_content_where_the_family_parser_says_so():
 
 
 def test_python_calls_need_python_names_and_keyword_arguments():
-    dotted = ToolRegistry([{"name": "math.factorial", "parameters": {"type": "object",
-                                                                      "properties": {"n": {"type": "integer"}}}}])
+    integer = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    dotted = ToolRegistry([{"name": "math.factorial", "parameters": integer}])
     with pytest.raises(ToolRegistryError, match="'math.factorial': a Python call needs a name"):
         turn_grammar(PYTHONIC, dotted)
     turn_grammar(MISTRAL, dotted)  # JSON syntaxes take any registry name

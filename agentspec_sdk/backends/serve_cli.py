@@ -52,9 +52,8 @@ def load_formats(spec: str) -> list:
 def tool_format_of(name: str, formats: str | None = None) -> dict:
     """`--tool-format`: one of `--formats` (which may come from a JSON file) or a built-in, as a dict;
     its layout must carry tool calls (tool_calls or react)."""
-    from agentspec_sdk.structure.formats import get_format
-
     from agentspec_sdk.backends.tool_prompt import LAYOUTS
+    from agentspec_sdk.structure.formats import get_format
 
     known = {f.name: f for f in load_formats(formats)} if formats else {}
     fmt = known.get(name) or get_format(name)

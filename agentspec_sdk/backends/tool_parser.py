@@ -102,7 +102,8 @@ def grammar_for(fmt: AgentFormat, tools: list[dict], tool_choice: Any, parallel:
 def one_call(fmt: AgentFormat, registry: ToolRegistry) -> str:
     """Exactly one call block (tool_calls layout; a react turn is one call already but keeps its
     Thought, so it gets its required turn grammar)."""
-    return turn_grammar(fmt, registry, tool_choice="call", single_call=fmt.layout in ("tool_calls", "call_list"))
+    single = fmt.layout in ("tool_calls", "call_list")
+    return turn_grammar(fmt, registry, tool_choice="call", single_call=single)
 
 
 def registry_of(tools: list[dict]) -> ToolRegistry:

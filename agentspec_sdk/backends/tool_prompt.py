@@ -81,8 +81,9 @@ _PRELUDE = """{%- if tools %}
 {%- set ns.args = tc.function.arguments %}
 {%- set ns.kwargs = ns.args if ns.args is string else '' %}
 {%- if ns.args is mapping %}{%- for k, v in ns.args.items() %}
-{%- set ns.kwargs = ns.kwargs ~ (@JSON@ if loop.index > 1 else '') ~ k ~ '=' ~ ('None' if v is none else
-    ('True' if v is sameas true else ('False' if v is sameas false else v | tojson(separators=(@JSON@, @COLON@))))) %}
+{%- set ns.kwargs = ns.kwargs ~ (@JSON@ if loop.index > 1 else '') ~ k ~ '=' ~ ('None' if v is none
+    else ('True' if v is sameas true else ('False' if v is sameas false
+    else v | tojson(separators=(@JSON@, @COLON@))))) %}
 {%- endfor %}{%- endif %}
 {%- if ns.args is not string %}{%- set ns.args = ns.args | tojson(separators=(@JSON@, @COLON@)) %}{%- endif %}
 {%- set ns.calls = ns.calls + [@CALL@] %}
