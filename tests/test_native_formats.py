@@ -267,3 +267,16 @@ def test_bad_call_syntax_names_the_problem(change, message):
         data.pop("call_syntax")
     with pytest.raises(FormatError, match=message):
         AgentFormat.from_dict(data)
+
+
+@pytest.mark.parametrize(("fmt", "text", "ok"), [
+    (LLAMA3_JSON, "<|py is not the tag", True),  # a prefix of the anchored marker is text
+    (LLAMA3_JSON, "{not a call}", False),  # text may not start with an anchored marker
+    (LLAMA3_JSON, "x {not a call}", True),
+    (PYTHONIC, "[1] is a citation", False),
+    (PYTHONIC, "See [1].", True),
+    (PYTHONIC, "ok <|start_header_id|>ipython<|end_header_id|>", False),  # the environment's segment
+])
+def test_anchored_text_under_the_three_judges(judges, fmt, text, ok):
+    verdicts = _three_judges(judges, fmt, trace_registry())
+    assert set(verdicts(text).values()) == {ok}, verdicts(text)

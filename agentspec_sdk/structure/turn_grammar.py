@@ -558,7 +558,9 @@ def _anchored_gbnf(avoid: tuple[str, ...], first: tuple[str, ...], base: str, na
             s = h + c
             if s in first:
                 continue  # the text would start with an anchored marker
-            target = state[s] if s in hset else safe_state(s)
+            target = safe_state(s)  # None: `s` already holds a marker to avoid
+            if target is not None and s in hset:
+                target = state[s]
             if target is not None:
                 by_target.setdefault(target, []).append(c)
         rest = safe_state(h + _OUTSIDE)  # any character outside the alphabet
