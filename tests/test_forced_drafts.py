@@ -235,3 +235,13 @@ def test_a_held_angle_bracket_inside_a_call_is_not_a_new_call(tok):
     drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + f"<tool_call>{CALL}<"))
     assert not draft.startswith("tool_call>")
+
+
+def test_a_native_format_forces_its_own_call_syntax(tok):
+    """Hermes writes the call object with json.dumps's spacing: the forced draft follows it."""
+    drafter = StructureDrafter(DraftPlan(formats=["hermes"], tools=[WEATHER], gamma_max=16), tok)
+    draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>\n"))
+    assert draft.startswith('{"name": "get_weather", "arguments": {"')
+    text = _prompt(tok) + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f'
+    assert tok.decode(_draft(drafter, tok, text)).startswith('ahrenheit"}}')
+    assert drafter.stats()["errors"] == 0

@@ -256,9 +256,11 @@ class CandidateBuilder:
         of the tool named in the preceding action)."""
         if kind.content == "json" and kind.delimited:
             close = _close_of(kind, seg_text)
-            key = ("call", close)
+            syntax = st.fmt.call_syntax  # a native format's own call syntax (Hermes: spaced JSON)
+            key = ("call", close, syntax)
             if key not in self._proto:
-                self._proto[key] = CallMatcher(self.ll, self._call_grammar, close)
+                grammar = self._call_grammar if syntax is None else _tool_call_grammar(self._registry, syntax)
+                self._proto[key] = CallMatcher(self.ll, grammar, close)
         elif kind.name == "action" and not kind.delimited:
             key = ("names",)
             if key not in self._proto:
@@ -368,7 +370,7 @@ def _close_of(kind, seg_text: str) -> str:
     return kind.close[0]
 
 
-def _tool_call_grammar(registry) -> str:
+def _tool_call_grammar(registry, syntax=None) -> str:
     from agentspec_sdk.structure.turn_grammar import tool_call_grammar
 
-    return tool_call_grammar(registry)
+    return tool_call_grammar(registry, syntax=syntax)
