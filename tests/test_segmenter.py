@@ -2,7 +2,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, AgentFormat, LawClass
+from agentspec_sdk.structure.formats import (
+    CODE_AGENT,
+    GEMMA_TOOL_CODE,
+    LLAMA3_JSON,
+    MISTRAL,
+    PYTHONIC,
+    REACT,
+    TOOL_CALLS,
+    AgentFormat,
+    LawClass,
+)
 from agentspec_sdk.structure.segmenter import Segmenter, Span, label_tokens, segment
 
 REACT_TEXT = (
@@ -161,6 +171,7 @@ STRESS = AgentFormat.from_dict({
     ],
 })
 
+IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
 FRAGMENTS = {
     STRESS: ["a", "b", "c", "d", "ab", "abc", "bc", "cb", "<", "<<", "`", "```", '"', "\\"],
     REACT: ["Thought:", "Action:", "Action Input:", "Observation:", "Final Answer:", "Act", "Obs", '"',
@@ -168,6 +179,11 @@ FRAGMENTS = {
     TOOL_CALLS: ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tool", "</", '"',
                  "\\", "{", "}", "a", "<", ">"],
     CODE_AGENT: ["```", "`", "``", "<code>", "</code>", "<result>", "</result>", "<", "/", "x", "\n", '"'],
+    # native formats: anchored kinds (markers live at the first character only) and fenced calls
+    LLAMA3_JSON: ["<|python_tag|>", "<|py", "{", "}", '"', "\\", "; ", "x", IPYTHON, "<|eot_id|>", "<|"],
+    PYTHONIC: ["[", "]", "f(", ")", '"', "\\", "a=1", ", ", " ", IPYTHON, "<|eot_id|>"],
+    MISTRAL: ["[TOOL_CALLS]", "[TOOL", "[", "]", '"', "{", "}", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "x"],
+    GEMMA_TOOL_CODE: ["```tool_code", "```tool_output", "```", "`", "\n", "f()", "x", "``"],
 }
 
 
