@@ -280,3 +280,14 @@ def test_bad_call_syntax_names_the_problem(change, message):
 def test_anchored_text_under_the_three_judges(judges, fmt, text, ok):
     verdicts = _three_judges(judges, fmt, trace_registry())
     assert set(verdicts(text).values()) == {ok}, verdicts(text)
+
+
+def test_the_replay_policy_call_turn_is_one_call_in_every_native_format():
+    from agentspec_sdk.replay.loop import call_shape
+
+    registry = trace_registry()
+    calls = calls_for(registry, _validator)
+    for fmt in NATIVE_FORMATS:
+        parser = _lark(fmt, registry, tool_choice="call", **call_shape(fmt.layout))
+        assert _accepts(parser, write_calls(fmt, calls[:1], registry)), fmt.name
+        assert not _accepts(parser, write_calls(fmt, calls[:2], registry)), fmt.name

@@ -110,7 +110,8 @@ def call_shape(layout: str | None) -> dict[str, Any]:
     call and nothing else; in ReAct `Thought: `, one line of thought (a free Thought lets a 135M model
     talk to max_tokens without ever writing `Action:`), then the action; the code layout has no
     call-only shape ("call" means "required" there)."""
-    return {"tool_calls": {"single_call": True}, "react": {"thought_chars": THOUGHT_CHARS}}.get(layout, {})
+    return {"tool_calls": {"single_call": True}, "call_list": {"single_call": True},
+            "react": {"thought_chars": THOUGHT_CHARS}}.get(layout, {})
 
 
 class GrammarCache:
