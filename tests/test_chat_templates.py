@@ -39,8 +39,9 @@ def hermes(tokenizer):
 ENGINE_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What's the weather in Paris and in Rome?"},
-    {"role": "assistant", "content": '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>\n'
-                                     '<tool_call>{"name":"get_weather","arguments":{"city":"Rome"}}</tool_call>'},
+    {"role": "assistant",
+     "content": '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>\n'
+                '<tool_call>{"name":"get_weather","arguments":{"city":"Rome"}}</tool_call>'},
     {"role": "tool", "content": "18 C, sunny"},
     {"role": "tool", "content": "21 C, cloudy"},
     {"role": "assistant", "content": "Paris: sunny, 18 C. Rome: cloudy, 21 C."},

@@ -138,7 +138,7 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
                  max_tokens=arm.max_tokens, max_steps=arm.max_steps,
                  max_segments=arm.max_segments, tool_choice=arm.tool_choice,
                  latency_scale=plan.latency_scale, on_turn=lambda log: emit(("turn", log)),
-                 grammar=arm.grammar)
+                 grammar=arm.grammar, fmt=arm.fmt)
     summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
                         wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
                         interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
