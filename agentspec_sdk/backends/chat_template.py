@@ -7,7 +7,7 @@ our format's instructions.
 reachable through `tools=`), an assistant's `tool_calls` argument and a `tool` message's content all
 appear in the text. A template that ignores any of them, or raises on one (Gemma's raises on a `tool`
 role), does not. `ChatTemplate.renders_tools(fmt)` adds the second half of the decision: the format
-must be the one the template itself writes (`auto_format`, the structure room's `detect_format`), since
+must be the one the template itself writes (`auto_format`: `structure.format_detect`), since
 a template that teaches the model one call syntax while the turn grammar enforces another would set the
 prompt against the grammar. No vLLM import here: `tool_prompt` (the template `agentspec serve` hands to
 vLLM for plain OpenAI clients) reads the same decision.
@@ -15,6 +15,7 @@ vLLM for plain OpenAI clients) reads the same decision.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cached_property
 from typing import Any
 
@@ -58,11 +59,13 @@ def supports_tools(template: str | None, special_tokens: dict[str, str] | None =
     return all(t in text for t in _PROBE_TEXTS)
 
 
-def auto_format(template: str | None, special_tokens: dict[str, str]) -> str:
-    """The agent format the model's template writes (`tool_calls` when it declares no tool syntax)."""
-    from agentspec_sdk.structure.detect import detect_format  # formats24's module (structure room)
+def auto_format(template: str | None, tokens: Iterable[str]) -> str:
+    """The agent format the model's template writes (`tool_calls` when it declares no tool syntax):
+    `structure.format_detect.detect_format` over the template and the tokenizer's special and added
+    tokens."""
+    from agentspec_sdk.structure.format_detect import detect_format
 
-    return detect_format(template or "", special_tokens)
+    return detect_format(template, list(tokens))
 
 
 def special_tokens_of(tokenizer: Any) -> dict[str, str]:
@@ -71,20 +74,31 @@ def special_tokens_of(tokenizer: Any) -> dict[str, str]:
     return {k: v for k, v in named.items() if isinstance(v, str)}
 
 
+def tokens_of(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's special and added tokens (where a model declares markers such as `<tool_call>`)."""
+    special = list(getattr(tokenizer, "all_special_tokens", None) or [])
+    added = list(tokenizer.get_added_vocab()) if hasattr(tokenizer, "get_added_vocab") else []
+    return tuple(dict.fromkeys(t for t in special + added if isinstance(t, str)))
+
+
 class ChatTemplate:
     """A model's chat template with its special tokens: whether it renders tools and which format it
     writes, each worked out once (the engine asks on every turn)."""
 
-    def __init__(self, text: str | None, special_tokens: dict[str, str] | None = None):
+    def __init__(self, text: str | None, special_tokens: dict[str, str] | None = None,
+                 tokens: Iterable[str] = ()):
+        """`special_tokens`: the named ones (the template's variables); `tokens`: every special and
+        added token (format detection reads them; the named ones count too)."""
         self.text = text or None
         self.special_tokens = dict(special_tokens or {})
+        self.tokens = tuple(dict.fromkeys([*tokens, *self.special_tokens.values()]))
 
     @classmethod
     def of(cls, tokenizer: Any) -> ChatTemplate:
         template = getattr(tokenizer, "chat_template", None)
         if isinstance(template, dict):  # named templates
             template = template.get("default")
-        return cls(template, special_tokens_of(tokenizer))
+        return cls(template, special_tokens_of(tokenizer), tokens_of(tokenizer))
 
     @cached_property
     def tools(self) -> bool:
@@ -93,7 +107,7 @@ class ChatTemplate:
     @cached_property
     def native(self) -> str:
         """The format this template writes (`auto_format`)."""
-        return auto_format(self.text, self.special_tokens)
+        return auto_format(self.text, self.tokens)
 
     def resolve(self, fmt: AgentFormat | str) -> AgentFormat:
         """`fmt`, with "auto" replaced by the template's own format."""

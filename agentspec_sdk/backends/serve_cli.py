@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -63,13 +63,13 @@ def tool_format_of(name: str, formats: str | None = None) -> dict:
     return fmt.to_dict()
 
 
-def write_tool_chat_template(model: str, fmt: dict, path: Path,
-                             special_tokens: dict[str, str] | None = None) -> Path | None:
-    """The chat template for plain clients (`tool_prompt.chat_template` over the model's own)."""
+def write_tool_chat_template(model: str, fmt: dict, path: Path, template: Any = None) -> Path | None:
+    """The chat template for plain clients (`tool_prompt.chat_template` over the model's own; `template`:
+    the model's `ChatTemplate` when already read, for the decision)."""
     from agentspec_sdk.backends.tool_prompt import write_chat_template
     from agentspec_sdk.structure.formats import AgentFormat
 
-    path = write_chat_template(model, AgentFormat.from_dict(fmt), path, special_tokens)
+    path = write_chat_template(model, AgentFormat.from_dict(fmt), path, template)
     return path.resolve() if path else None
 
 
@@ -187,15 +187,15 @@ def _serve_tool_parser(model_path: str, tool_format: str, formats: str | None,
                        template_path: Path) -> tuple[Path | None, str | dict]:
     """The plain clients' chat template and the format the tool parser is told (a name for a built-in);
     `--tool-format auto`: the format the model's own template writes (`chat_template.auto_format`)."""
-    special = None
+    template = None
     if tool_format == AUTO:
         from agentspec_sdk.backends.chat_template import ChatTemplate
         from agentspec_sdk.backends.model_bundle import load_tokenizer
 
         template = ChatTemplate.of(load_tokenizer(model_path))
-        tool_format, special = template.native, template.special_tokens
+        tool_format = template.native
     fmt = tool_format_of(tool_format, formats)
-    chat_template = write_tool_chat_template(model_path, fmt, template_path, special)
+    chat_template = write_tool_chat_template(model_path, fmt, template_path, template)
     typer.echo(f"# plain OpenAI clients: tool parser 'agentspec', format {fmt['name']}, chat "
                f"template {chat_template or 'the model’s own (it has none to wrap)'}", err=True)
     return chat_template, fmt["name"] if _builtin(fmt) else fmt

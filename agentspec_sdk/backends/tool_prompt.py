@@ -26,11 +26,13 @@ log = logging.getLogger("agentspec.backends")
 LAYOUTS = ("tool_calls", "react")  # the layouts whose turns carry tool calls an OpenAI client reads
 
 
-def chat_template(fmt: AgentFormat | str, base: str, special_tokens: dict[str, str] | None = None) -> str:
+def chat_template(fmt: AgentFormat | str, base: str, model: ChatTemplate | None = None) -> str:
     """Jinja: for a request with tools, messages rewritten as `prompts.chat_messages` writes them, then
     the model's own template `base` (with `tools` cleared); without tools, `base` alone. `base` itself
-    where it renders tools for `fmt` (`special_tokens`: the tokenizer's, the template's variables)."""
-    if ChatTemplate(base, special_tokens).renders_tools(fmt):
+    where it renders tools for `fmt` (`model`: the tokenizer's template with its special tokens, which
+    the decision reads beside `base`)."""
+    tokens = (model.special_tokens, model.tokens) if model is not None else ({}, ())
+    if ChatTemplate(base, *tokens).renders_tools(fmt):
         return base
     fmt = get_format(fmt)
     if fmt.layout not in LAYOUTS:
@@ -103,7 +105,7 @@ def model_chat_template(model: str | os.PathLike) -> str | None:
 
 
 def write_chat_template(model: str | os.PathLike, fmt: AgentFormat | str,
-                        path: str | os.PathLike, special_tokens: dict[str, str] | None = None) -> Path | None:
+                        path: str | os.PathLike, template: ChatTemplate | None = None) -> Path | None:
     """Write the template for `model`; None (logged) when the model has no template to wrap."""
     base = model_chat_template(model)
     if base is None:
@@ -111,5 +113,5 @@ def write_chat_template(model: str | os.PathLike, fmt: AgentFormat | str,
         return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(chat_template(fmt, base, special_tokens), encoding="utf-8")
+    path.write_text(chat_template(fmt, base, template), encoding="utf-8")
     return path
