@@ -257,3 +257,23 @@ def test_reasoning_false_makes_a_required_turn_the_call_only():
     assert not accepted(CALL_MUL + CALL_ADD)
     with pytest.raises(AgentSpecError, match="reasoning=False needs the 'tool_calls' format, not 'react'"):
         ChatAgentSpec(engine=FakeEngine(), fmt="react", reasoning=False).grammar_for(tools, "required")
+
+
+def test_fmt_auto_is_the_engines_format_resolved_once():
+    """fmt="auto" asks the engine (its model's template) once; the turns then run in that format. An
+    engine that cannot tell (no resolve_format, e.g. RemoteEngine) is refused with the reason."""
+
+    class AutoEngine(FakeEngine):
+        asked: list = []
+
+        def resolve_format(self, fmt):
+            self.asked.append(fmt)
+            return get_format("react")
+
+    engine = AutoEngine(['Thought: add\nAction: add\nAction Input: {"a":2,"b":3}'])
+    model = ChatAgentSpec(engine=engine, fmt="auto")
+    assert model.fmt == "react" and engine.asked == ["auto"]
+    msg = model.bind_tools([add]).invoke("What is 2 + 3?")
+    assert engine.requests[0].fmt == "react" and msg.tool_calls[0]["args"] == {"a": 2, "b": 3}
+    with pytest.raises(AgentSpecError, match="fmt='auto' needs an engine that knows its model's"):
+        ChatAgentSpec(engine=FakeEngine(), fmt="auto")

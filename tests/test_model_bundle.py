@@ -96,6 +96,7 @@ def test_gemma_converts_and_runs_a_tool_call_on_vllm():
     template and the stop token hold, and a grammar-constrained call comes back valid."""
     from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.backends.vllm_engine import Engine
+    from agentspec_sdk.structure.formats import TOOL_CALLS
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turns import parse_turn
 
@@ -117,6 +118,11 @@ def test_gemma_converts_and_runs_a_tool_call_on_vllm():
             messages=[{"role": "user", "content": "What is the weather in Paris?"}],
             fmt="tool_calls", tools=tools, tool_choice="call", max_tokens=48)])
     assert result.error is None, result.error
+    # Gemma's template (ours: the GGUF has none) renders no tools, so the prompt through it carries our
+    # format's instructions, opening the first user turn after <bos>
+    prompt = engine.tokenizer.decode(result.prompt_token_ids)
+    assert not engine.template.tools and prompt.startswith("<bos><start_of_turn>user\n")
+    assert TOOL_CALLS.instructions in prompt and prompt.endswith("<start_of_turn>model\n")
     # A base model does not end its turn after a call (it writes more calls until max_tokens): read the first.
     first = result.text.split("</tool_call>", 1)[0] + "</tool_call>"
     parsed = parse_turn("tool_calls", first)

@@ -579,3 +579,41 @@ def test_bench_plans_repeats_and_the_tuned_suffix_pair(monkeypatch, tmp_path, ca
     assert "suffix_min_token_prob must be a number in [0, 1], got 1.3" in capsys.readouterr().err
     with pytest.raises(typer.BadParameter, match="max_spec_factor,min_token_prob"):
         cli.bench(**common, suffix_tuned="4")
+
+
+def test_engines_start_while_memory_holds_one_more(monkeypatch):
+    """A further engine starts only where the memory available holds 1.5× the largest footprint
+    measured; the configs left over come back for a later group, the first always starts."""
+    from agentspec_sdk.replay import memory, runner
+
+    started = []
+
+    class FakeWorker:
+        def __init__(self, plan, cfg, handle):
+            started.append(cfg.mode)
+            self.proc = type("P", (), {"pid": len(started)})()
+
+        def pump(self, until):
+            assert until == "started"
+
+    sizes = {1: 6 * 2**30, 2: 7 * 2**30}
+    available = iter([20 * 2**30, 9 * 2**30])  # room for a second 6 GB engine, not for a third 7 GB one
+    monkeypatch.setattr(runner, "_Worker", FakeWorker)
+    monkeypatch.setattr(memory, "tree_rss", lambda pid: sizes[pid])
+    monkeypatch.setattr(memory, "mem_available", lambda: next(available))
+    configs = [runner.ModeConfig(m, 8) for m in ("off", "structure", "ngram", "suffix")]
+    workers = []
+    rest = runner._start_group(None, configs, lambda cfg: None, workers)
+    assert started == ["off", "structure"] and [c.mode for c in rest] == ["ngram", "suffix"]
+    assert memory.room_for_another(None, None) and not memory.room_for_another(4, 5)
+
+
+def test_memory_reads_this_process():
+    """On the real /proc: this process's resident size is part of what the machine has."""
+    import os
+
+    from agentspec_sdk.replay import memory
+
+    rss, available = memory.tree_rss(os.getpid()), memory.mem_available()
+    assert rss is not None and available is not None and 10 * 2**20 < rss
+    assert memory.tree_rss(2**22 + 12345) is None  # no such process

@@ -122,6 +122,9 @@ class RemoteEngine(EngineBase):
 
     def _prepare(self, req: TurnRequest) -> dict:
         """Chat arguments of a turn: the same messages, grammar and stop strings as the embedded engine."""
+        if req.fmt == "auto":
+            raise BackendError("fmt='auto' needs the model's chat template, which RemoteEngine does not see: "
+                               "name the format (the server's --tool-format)")
         fmt = get_format(req.fmt)
         if self._plan is not None:
             with self._lock:

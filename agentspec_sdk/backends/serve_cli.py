@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from agentspec_sdk.backends.chat_template import AUTO
 from agentspec_sdk.errors import AgentSpecError
 
 
@@ -63,12 +64,13 @@ def tool_format_of(name: str, formats: str | None = None) -> dict:
     return fmt.to_dict()
 
 
-def write_tool_chat_template(model: str, fmt: dict, path: Path) -> Path | None:
-    """The chat template for plain clients (`tool_parser.chat_template` over the model's own)."""
+def write_tool_chat_template(model: str, fmt: dict, path: Path, template: Any = None) -> Path | None:
+    """The chat template for plain clients (`tool_prompt.chat_template` over the model's own; `template`:
+    the model's `ChatTemplate` when already read, for the decision)."""
     from agentspec_sdk.backends.tool_prompt import write_chat_template
     from agentspec_sdk.structure.formats import AgentFormat
 
-    path = write_chat_template(model, AgentFormat.from_dict(fmt), path)
+    path = write_chat_template(model, AgentFormat.from_dict(fmt), path, template)
     return path.resolve() if path else None
 
 
@@ -115,8 +117,9 @@ def serve(
                                              "through the `agentspec` tool parser")] = True,
     tool_format: Annotated[str,
                            typer.Option("--tool-format",
-                                        help="the format of plain clients' turns (a built-in name or "
-                                             "one of --formats)")] = "tool_calls",
+                                        help="the format of plain clients' turns (a built-in name, "
+                                             "one of --formats, or auto: the one the model's chat "
+                                             "template writes)")] = "tool_calls",
     dry_run: Annotated[bool,
                        typer.Option("--dry-run",
                                     help="write the plan, print the command, do not run it")] = False,
@@ -183,9 +186,17 @@ def _serve_plan(model_path: str, plan_path: Path, tools: Path | None, formats: s
 
 def _serve_tool_parser(model_path: str, tool_format: str, formats: str | None,
                        template_path: Path) -> tuple[Path | None, str | dict]:
-    """The plain clients' chat template and the format the tool parser is told (a name for a built-in)."""
+    """The plain clients' chat template and the format the tool parser is told (a name for a built-in);
+    `--tool-format auto`: the format the model's own template writes (`chat_template.auto_format`)."""
+    template = None
+    if tool_format == AUTO:
+        from agentspec_sdk.backends.chat_template import ChatTemplate
+        from agentspec_sdk.backends.model_bundle import load_tokenizer
+
+        template = ChatTemplate.of(load_tokenizer(model_path))
+        tool_format = template.native
     fmt = tool_format_of(tool_format, formats)
-    chat_template = write_tool_chat_template(model_path, fmt, template_path)
+    chat_template = write_tool_chat_template(model_path, fmt, template_path, template)
     typer.echo(f"# plain OpenAI clients: tool parser 'agentspec', format {fmt['name']}, chat "
                f"template {chat_template or 'the model’s own (it has none to wrap)'}", err=True)
     return chat_template, fmt["name"] if _builtin(fmt) else fmt

@@ -5,8 +5,10 @@
 (the format's instructions and the tools in the system prompt, an assistant's earlier `tool_calls`
 written in the format as the turn grammar writes them, tool results wrapped by `fmt.env_wrap`), then
 clears `tools` so that the model's template does not render them again. Without tools the prompt is
-the model's template alone. `agentspec serve` writes it with `write_chat_template` and passes it as
-`--chat-template`.
+the model's template alone. Where the model's template renders tools itself for `fmt`
+(`chat_template.ChatTemplate.renders_tools`, the decision the engine's prompts use too) the template is
+the model's own, unchanged: vLLM then renders tools and results with it as for any client.
+`agentspec serve` writes it with `write_chat_template` and passes it as `--chat-template`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 from pathlib import Path
 
+from agentspec_sdk.backends.chat_template import ChatTemplate
 from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 
@@ -24,9 +27,14 @@ log = logging.getLogger("agentspec.backends")
 LAYOUTS = ("tool_calls", "react", "call_list")
 
 
-def chat_template(fmt: AgentFormat | str, base: str) -> str:
+def chat_template(fmt: AgentFormat | str, base: str, model: ChatTemplate | None = None) -> str:
     """Jinja: for a request with tools, messages rewritten as `prompts.chat_messages` writes them, then
-    the model's own template `base` (with `tools` cleared); without tools, `base` alone."""
+    the model's own template `base` (with `tools` cleared); without tools, `base` alone. `base` itself
+    where it renders tools for `fmt` (`model`: the tokenizer's template with its special tokens, which
+    the decision reads beside `base`)."""
+    tokens = (model.special_tokens, model.tokens) if model is not None else ({}, ())
+    if ChatTemplate(base, *tokens).renders_tools(fmt):
+        return base
     fmt = get_format(fmt)
     if fmt.layout not in LAYOUTS:
         raise AgentSpecError(f"format {fmt.name!r} has no tool-call layout ({' or '.join(LAYOUTS)})")
@@ -126,7 +134,7 @@ def model_chat_template(model: str | os.PathLike) -> str | None:
 
 
 def write_chat_template(model: str | os.PathLike, fmt: AgentFormat | str,
-                        path: str | os.PathLike) -> Path | None:
+                        path: str | os.PathLike, template: ChatTemplate | None = None) -> Path | None:
     """Write the template for `model`; None (logged) when the model has no template to wrap."""
     base = model_chat_template(model)
     if base is None:
@@ -134,5 +142,5 @@ def write_chat_template(model: str | os.PathLike, fmt: AgentFormat | str,
         return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(chat_template(fmt, base), encoding="utf-8")
+    path.write_text(chat_template(fmt, base, template), encoding="utf-8")
     return path

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentspec_sdk.backends.chat_template import ChatTemplate
 from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.engine_config import STOCK, EngineConfig
 from agentspec_sdk.backends.engine_totals import EngineTotals
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.pass_log import PassLog
-from agentspec_sdk.backends.prompts import chat_messages
+from agentspec_sdk.backends.prompts import prompt_text
 from agentspec_sdk.backends.scheduler_probe import SchedulerProbe
 from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
@@ -44,7 +45,7 @@ from agentspec_sdk.backends.vllm_metrics import (
 from agentspec_sdk.backends.vllm_start import start_llm
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError, PromptTooLong
-from agentspec_sdk.structure.formats import AgentFormat, format_names, get_format
+from agentspec_sdk.structure.formats import AgentFormat, format_names
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
@@ -84,7 +85,10 @@ class Engine(EngineBase):
         self.model = resolve_model(cfg.model)
         # None: the model's own context length (config.json; SmolLM2-135M: 8192)
         self.max_model_len = cfg.max_model_len or context_length(self.model)
-        self.formats = {f.name: f for f in (get_format(x) for x in (cfg.formats or format_names()))}
+        from transformers import AutoTokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.template = ChatTemplate.of(self.tokenizer)  # renders tools? the format "auto" stands for
+        self.formats = {f.name: f for f in map(self.template.resolve, cfg.formats or format_names())}
         self.registry = as_registry(cfg.tools) if cfg.tools is not None else ToolRegistry()
         self._lock = threading.Lock()
         self._work = (Path(cfg.work_dir) if cfg.work_dir
@@ -99,10 +103,6 @@ class Engine(EngineBase):
         self.plan.save(self.plan_path)
         self.records_path.touch()
         self._tail = RecordsTail(self.records_path)
-
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self._labels = TokenClassifier(self.tokenizer)
         self._sampling = TurnSampling()
         self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path)
@@ -136,8 +136,12 @@ class Engine(EngineBase):
                 self.plan.tools = self.registry.openai_tools()
                 self.plan.save(self.plan_path)
 
+    def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
+        """`fmt` as a format; "auto": the one the model's chat template writes (`structure.detect`)."""
+        return self.template.resolve(fmt)
+
     def _use_format(self, fmt: str | AgentFormat) -> AgentFormat:
-        fmt = get_format(fmt)
+        fmt = self.resolve_format(fmt)
         with self._lock:
             if self.formats.get(fmt.name) != fmt:
                 self.formats[fmt.name] = fmt
@@ -174,7 +178,8 @@ class Engine(EngineBase):
         try:
             fmt = self._use_format(req.fmt)
             registry = self._request_tools(req)
-            prompt_ids = prompt_token_ids(self.tokenizer, req, fmt, registry, self.max_model_len)
+            prompt_ids = prompt_token_ids(self.tokenizer, req, fmt, registry, self.max_model_len,
+                                          self.template)
             sampling = self._sampling.params(req, fmt, registry)
         except Exception as exc:  # a bad turn fails alone, with the reason
             self._totals.error()
@@ -204,7 +209,7 @@ class Engine(EngineBase):
         from agentspec_sdk.structure.turn_grammar import turn_grammar
 
         registry = self.registry if tools is None else as_registry(tools)
-        return turn_grammar(get_format(fmt), registry, tool_choice=tool_choice)
+        return turn_grammar(self.resolve_format(fmt), registry, tool_choice=tool_choice)
 
     # -- agents -----------------------------------------------------------------------------------
 
@@ -366,11 +371,11 @@ class Engine(EngineBase):
 
 
 def prompt_token_ids(tokenizer, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry,
-                     max_model_len: int) -> list[int]:
-    """The turn's prompt through the model's chat template; PromptTooLong when it and `max_tokens`
-    do not fit the context."""
-    messages = chat_messages(req.messages, fmt, registry)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                     max_model_len: int, template: ChatTemplate | None = None) -> list[int]:
+    """The turn's prompt through the model's chat template (`prompts.prompt_text`: tools rendered by the
+    template where it renders them for `fmt`, else our instructions); PromptTooLong when it and
+    `max_tokens` do not fit the context."""
+    text = prompt_text(tokenizer, req.messages, fmt, registry, template)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) + req.max_tokens > max_model_len:
         raise PromptTooLong(len(ids), req.max_tokens, max_model_len)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agentspec_sdk import bfcl
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, load_traces
+from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, check_formats, load_traces
 from agentspec_sdk.structure.formats import AgentFormat, LawClass, SegmentKind, register_format
 
 # The env kind's marker never occurs in text: the segmenter cannot build a scanner for a format
@@ -57,6 +57,7 @@ class Arm:
     max_steps: int | None  # None = as recorded
     max_segments: int | None = None  # user messages replayed per episode (None = all)
     tool_choice: str | None = None  # None: the agent policy (loop.tool_choice_policy); "call": one call
+    fmt: str | None = None  # the format the caller means them to run in (`replay(fmt=)`); None: theirs
 
 
 def ensure_prose_format() -> AgentFormat:
@@ -125,7 +126,11 @@ def arm_c(n: int) -> list[Episode]:
 
 
 def arm_d(n: int | None = None, path=None) -> list[Episode]:
-    return load_traces(path or bundled_traces(), limit=n)
+    """The episodes of a trace file, all in one agent format (`check_formats`: a mixed file is a
+    TraceError, its arm would report one format's figures over several)."""
+    episodes = load_traces(path or bundled_traces(), limit=n)
+    check_formats(episodes)
+    return episodes
 
 
 def build_arm(name: str, n: int, *, max_tokens: int, trace_path=None, max_segments: int | None = None) -> Arm:

@@ -342,13 +342,22 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
            batch: Annotated[int, typer.Option("--batch")] = 8,
            n: Annotated[int | None, typer.Option("--n", help="episodes (default: all)")] = None,
            max_tokens: Annotated[int, typer.Option("--max-tokens")] = 160,
+           fmt: Annotated[str | None,
+                          typer.Option("--format", help="the agent format the traces must be in (a name, "
+                                                        "or auto: the model's own); another is an "
+                                                        "error")] = None,
            eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Replay a trace file with the given speculation modes and report."""
     from agentspec_sdk.replay.arms import build_arm
     from agentspec_sdk.replay.runner import ModeConfig, Plan
+    from agentspec_sdk.replay.trace import check_formats
+    from agentspec_sdk.structure.formats import get_format
 
     try:
         arm = build_arm("D", n, max_tokens=max_tokens, trace_path=traces)
+        arm.fmt = fmt
+        if fmt not in (None, "auto"):  # a named format is checked now; "auto" once the engine knows it
+            check_formats(arm.episodes, get_format(fmt).name)
         plan = Plan(configs=[ModeConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     meta={"command": "replay", "traces": str(traces)})

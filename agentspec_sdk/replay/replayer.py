@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec_sdk.replay.loop import Observation, TurnLog, run_episode
-from agentspec_sdk.replay.trace import Episode
+from agentspec_sdk.replay.trace import Episode, check_formats
 from agentspec_sdk.structure.token_labels import TokenClassifier
 
 
@@ -103,10 +103,14 @@ def replay(engine: Any, episodes: list[Episode], *, tokenizer: Any, concurrency:
            max_tokens: int = 160,
            max_segments: int | None = None, max_steps: int | None = None, latency_scale: float = 1.0,
            on_turn: Callable[[TurnLog], None] | None = None, env_factory=None,
-           grammar: str | None = None, tool_choice: str | None = None) -> ReplayRun:
+           grammar: str | None = None, tool_choice: str | None = None, fmt: str | None = None) -> ReplayRun:
     """Replay `episodes` with `concurrency` agents in flight. Per user segment an agent gets at most
-    as many assistant turns as the trace recorded there (or `max_steps`)."""
+    as many assistant turns as the trace recorded there (or `max_steps`). Every episode runs in its
+    recorded format; `fmt` (a name, or "auto": the engine's `resolve_format`) says which one the caller
+    means, and any other, or episodes of several formats, is a TraceError (`trace.check_formats`)."""
     from agentspec_sdk.replay.record import environment_for
+
+    check_formats(episodes, _resolved(engine, fmt))
 
     classifier = TokenClassifier(tokenizer)
     logs: list[TurnLog] = []
@@ -155,3 +159,18 @@ def replay(engine: Any, episodes: list[Episode], *, tokenizer: Any, concurrency:
         for m in log.matches:
             matches[m] = matches.get(m, 0) + 1
     return ReplayRun(list(logs), wall, len(episodes), concurrency, interrupted, matches)
+
+
+def _resolved(engine: Any, fmt: str | None) -> str | None:
+    """`fmt` as a format name: "auto" through the engine (the format its model's template writes)."""
+    from agentspec_sdk.errors import TraceError
+    from agentspec_sdk.structure.formats import get_format
+
+    if fmt is None:
+        return None
+    if hasattr(engine, "resolve_format"):
+        return engine.resolve_format(fmt).name
+    if fmt == "auto":
+        raise TraceError("format 'auto' needs an engine that knows its model's chat template "
+                         "(resolve_format); name the format")
+    return get_format(fmt).name

@@ -1,9 +1,10 @@
 """Run a measurement plan: each engine configuration is measured in a process of its own (the engine
 in-process there, so vLLM's per-process state never carries over between modes). Up to
-MAX_LIVE_ENGINES processes live at once and take turns: every arm at every batch size is replayed by
-each engine in turn before the next arm, so the modes compared on one arm run minutes apart and the
-machine's drift lands on all of them alike. A report is written after each round, so an interrupted
-run (Ctrl-C) still leaves a valid report, marked partial.
+MAX_LIVE_ENGINES processes live at once, as many as memory holds (`replay.memory`; the rest run in a
+later group, after the first group's engines are closed), and take turns: every arm at every
+batch size is replayed by each engine in turn before the next arm, so the modes compared on one
+arm run minutes apart and the machine's drift lands on all of them alike. A report is written
+after each round, so an interrupted run (Ctrl-C) still leaves a valid report, marked partial.
 
 With `repeats` N > 1 the whole plan is measured N times, on fresh engines each time (an engine that
 replayed an arm holds its outputs in its prefix cache and suffix trees), the modes interleaved in
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentspec_sdk.errors import BackendError
-from agentspec_sdk.replay import accounting
+from agentspec_sdk.replay import accounting, memory
 from agentspec_sdk.replay.aggregate import clean_json, run_key, summarize
 from agentspec_sdk.replay.arms import PROSE, SUFFIX_TUNED, Arm, engine_kwargs
 from agentspec_sdk.replay.loop import TurnLog
@@ -137,7 +138,7 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
                  max_tokens=arm.max_tokens, max_steps=arm.max_steps,
                  max_segments=arm.max_segments, tool_choice=arm.tool_choice,
                  latency_scale=plan.latency_scale, on_turn=lambda log: emit(("turn", log)),
-                 grammar=arm.grammar)
+                 grammar=arm.grammar, fmt=arm.fmt)
     summary = summarize(run.logs, arm=arm.name, mode=cfg.mode, gamma=cfg.gamma, batch=b,
                         wall_s=run.wall_s, prefix_cache=cfg.prefix_cache,
                         interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
@@ -194,7 +195,9 @@ def _child(plan: Plan, cfg: ModeConfig, events, commands) -> None:
         events.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-# Engines alive at once while their runs interleave (each holds its model and KV cache: ≈ 3-4 GB here).
+# Engines alive at once at most while their runs interleave; fewer where memory does not hold them
+# (`replay.memory`: each holds its model and KV cache, ≈ 3–4 GB with SmolLM2-135M, ≈ 6–7 GB with
+# Gemma 3 270M).
 MAX_LIVE_ENGINES = 4
 
 
@@ -263,19 +266,20 @@ def interleaved_rounds(n_arms: int, batches: list[int], n_workers: int,
 
 
 def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callable[[ModeConfig], Callable],
-                         after_round: Callable[[], None], batches: list[int], repeat: int = 0) -> None:
-    """Measure `configs` with one live process each, their runs interleaved: for every arm and batch
-    size each engine replays it in turn (the order rotating from one round to the next), so the
-    modes compared on an arm run minutes apart, not a whole plan apart. On a shared machine the
-    speed drifts over minutes; interleaving puts the drift into every mode alike instead of into the
-    ratios between them; repeat r of a plan starts the rotation r places on. Engines start one
-    after another (their start-up is not timed against each other)."""
+                         after_round: Callable[[], None], batches: list[int], repeat: int = 0,
+                         on_status: Callable[[str], None] | None = None) -> list[ModeConfig]:
+    """Measure the first of `configs` that fit in memory together (`_start_group`), one live process
+    each, their runs interleaved: for every arm and batch size each engine replays it in turn (the
+    order rotating from one round to the next), so the modes compared on an arm run minutes apart,
+    not a whole plan apart. On a shared machine the speed drifts over minutes; interleaving puts the
+    drift into every mode alike instead of into the ratios between them; repeat r of a plan starts
+    the rotation r places on. Returns the configs left for a later group."""
     workers: list[_Worker] = []
     try:
-        for cfg in configs:
-            w = _Worker(plan, cfg, handler(cfg))
-            workers.append(w)
-            w.pump("started")
+        rest = _start_group(plan, configs, handler, workers)
+        if on_status and rest:
+            on_status(f"{len(workers)} engine(s) fit in memory at once; "
+                      f"{', '.join(_label(c) for c in rest)} after them")
         for arm_index, b, order in interleaved_rounds(len(plan.arms), batches, len(workers), repeat):
             for w in (workers[i] for i in order):
                 w.commands.put(("run", arm_index, b, repeat))
@@ -286,6 +290,26 @@ def _measure_interleaved(plan: Plan, configs: list[ModeConfig], handler: Callabl
     finally:
         for w in workers:
             w.kill()
+    return rest
+
+
+def _start_group(plan: Plan, configs: list[ModeConfig], handler: Callable[[ModeConfig], Callable],
+                 workers: list[_Worker]) -> list[ModeConfig]:
+    """Start engines for `configs` one after another (their start-up is not timed against each
+    other) into `workers`: the first always, each further one while fewer than MAX_LIVE_ENGINES live
+    and the memory available holds one more of the largest footprint measured so far. Returns the
+    configs not started."""
+    footprint: int | None = None
+    for at, cfg in enumerate(configs):
+        if workers and (len(workers) >= MAX_LIVE_ENGINES
+                        or not memory.room_for_another(footprint, memory.mem_available())):
+            return configs[at:]
+        w = _Worker(plan, cfg, handler(cfg))
+        workers.append(w)
+        w.pump("started")
+        size = memory.tree_rss(w.proc.pid)
+        footprint = size if footprint is None or size is None else max(footprint, size)
+    return []
 
 
 @contextmanager
@@ -369,7 +393,8 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
 
     try:
         if engine_factory is None:
-            _measure_spawned(plan, handler, lambda: report(partial=True), on_status)
+            _measure_spawned(plan, handler, lambda: report(partial=True), on_status,
+                             meta.setdefault("engine_groups", []))
         else:
             _measure_in_process(plan, engine_factory, tokenizer, handler, lambda: report(partial=True),
                                 on_status)
@@ -396,22 +421,25 @@ def _plan_meta(plan: Plan, starts: dict[str, float], *, in_process: bool) -> dic
             "configs": [c.__dict__ for c in plan.configs], "engine_start_s": starts,
             "enforce_eager": plan.enforce_eager,
             "engine_process": "in-process" if in_process
-            else f"one spawned process per config, up to {MAX_LIVE_ENGINES} alive, their runs interleaved"}
+            else f"one spawned process per config, up to {MAX_LIVE_ENGINES} alive as memory allows "
+                 "(engine_groups: the ones alive together), their runs interleaved"}
 
 
 def _measure_spawned(plan: Plan, handler: Callable, partial_report: Callable[[], Any],
-                     on_status: Callable[[str], None] | None) -> None:
+                     on_status: Callable[[str], None] | None, groups: list[list[str]]) -> None:
     # fresh engines per batch size: a second batch size on the same engine would replay the
     # very prompts it has just answered (prefix cache warm, suffix trees holding the outputs)
-    # (and per repeat, for the same reason)
+    # (and per repeat, for the same reason); `groups` gets the labels of each group that ran together
     for repeat in range(plan.repeats):
         for b in plan.batches:
-            for at in range(0, len(plan.configs), MAX_LIVE_ENGINES):
-                group = plan.configs[at:at + MAX_LIVE_ENGINES]
+            pending = list(plan.configs)
+            while pending:
                 if on_status:
-                    labels = ", ".join(_label(c) for c in group)
-                    on_status(f"starting engines (b={b}{_of(plan, repeat)}): {labels}")
-                _measure_interleaved(plan, group, handler, partial_report, [b], repeat)
+                    labels = ", ".join(_label(c) for c in pending)
+                    on_status(f"starting engines (b={b}{_of(plan, repeat)}) as memory allows: {labels}")
+                rest = _measure_interleaved(plan, pending, handler, partial_report, [b], repeat, on_status)
+                groups.append([_label(c) for c in pending[:len(pending) - len(rest)]])
+                pending = rest
 
 
 def _of(plan: Plan, repeat: int) -> str:

@@ -176,6 +176,26 @@ def episode_from_dict(data: Any) -> Episode:
         raise TraceError(str(bad)) from None
 
 
+def check_formats(episodes: list[Episode], fmt: str | None = None) -> str | None:
+    """The one agent format of `episodes` (None when there are none). A replay writes every turn in
+    the format its trace was recorded in (the recorded turns, markers and observations are that
+    format's), so episodes of different formats in one replay, or a replay asked to run in a format
+    (`fmt`, already resolved: "auto" is the engine's business) other than the trace's, is a TraceError
+    naming both rather than a run that mixes them."""
+    names = {ep.format for ep in episodes}
+    if len(names) > 1:
+        by = {name: next(ep.id for ep in episodes if ep.format == name) for name in sorted(names)}
+        raise TraceError("the episodes mix agent formats "
+                         + ", ".join(f"{n!r} (e.g. episode {i!r})" for n, i in by.items())
+                         + "; replay one format at a time (one trace file per format)")
+    recorded = next(iter(names), None)
+    if fmt is not None and recorded is not None and fmt != recorded:
+        raise TraceError(f"the trace was recorded in format {recorded!r} (episode {episodes[0].id!r}); "
+                         f"it cannot be replayed in format {fmt!r}: record it again in {fmt!r}, or replay "
+                         f"it in {recorded!r}")
+    return recorded
+
+
 def iter_traces(path: str | Path) -> Iterator[Episode]:
     """Episodes of a JSONL trace file; a corrupt or truncated line raises TraceError naming
     the file and the line number."""

@@ -18,7 +18,7 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from agentspec_langgraph import _sdk
 
@@ -53,7 +53,8 @@ class ChatAgentSpec(BaseChatModel):
     - `fmt`: the agent format of tool-calling turns (`"tool_calls"` or `"react"`), or `"code_agent"`:
       the model writes Python in a fenced block, which becomes a call of the code tool (bind
       `agentspec_langgraph.code_tool()`, the SDK's sandbox, as the agent's only tool); its result
-      comes back to the model in `<result>…</result>`.
+      comes back to the model in `<result>…</result>`. `"auto"`: the format the engine's model's own
+      chat template writes (`Engine.resolve_format`), resolved once, here.
     - `grammar`: Lark text forced on every turn instead of the one derived from the format and the
       bound tools (`""` turns the grammar off). Without bound tools the turn grammar still applies:
       text without the format's markers, so no call can be written.
@@ -79,6 +80,17 @@ class ChatAgentSpec(BaseChatModel):
     _registries: dict[tuple[str, str], Any] = PrivateAttr(default_factory=dict)
     _registered: set[str] = PrivateAttr(default_factory=set)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="after")
+    def _resolve_auto(self) -> ChatAgentSpec:
+        """`fmt="auto"` becomes the engine's answer (its model's template), so that every later use of
+        `fmt` (grammars, history, parsing) names one format."""
+        if self.fmt == "auto":
+            if not hasattr(self.engine, "resolve_format"):
+                raise AgentSpecError("fmt='auto' needs an engine that knows its model's chat template "
+                                     "(agentspec_sdk.Engine.resolve_format); name the format for this engine")
+            self.fmt = self.engine.resolve_format("auto").name
+        return self
 
     @property
     def _llm_type(self) -> str:
