@@ -84,3 +84,60 @@ def test_bad_inputs_are_format_errors():
         detect_format(None, "<tool_call>")
     with pytest.raises(FormatError, match="chat_template must be a string or None"):
         detect_format(b"<tool_call>", [])
+
+
+# -- prompt_format: which of the plan's formats a prompt asks for (the drafter's per-row choice) -----
+
+
+def _weather_registry():
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    def get_weather(city: str, unit: str = "celsius") -> str:
+        """Current weather for a city."""
+        return city
+
+    registry = ToolRegistry()
+    registry.add(get_weather)
+    return registry
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
+
+    return load_tokenizer(None)
+
+
+@pytest.mark.parametrize("name", format_names())
+def test_prompt_format_finds_each_formats_own_prompt_among_all(name, smollm2_tokenizer):
+    """The engine's real prompt for a turn of `name`, decoded as the proposer sees it, picks `name` among
+    every built-in format (marker counts alone picked llama3_json for most: every tool list holds `{`,
+    and hermes and tool_calls share `<tool_call>`)."""
+    from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.backends.vllm_engine import prompt_token_ids
+    from agentspec_sdk.structure.format_detect import prompt_format
+    from agentspec_sdk.structure.formats import get_format
+
+    registry = _weather_registry()
+    fmt = get_format(name)
+    req = TurnRequest(messages=[{"role": "user", "content": "What is the weather in Paris?"}], fmt=name,
+                      tools=registry)
+    text = smollm2_tokenizer.decode(prompt_token_ids(smollm2_tokenizer, req, fmt, registry, 8192))
+    everything = [get_format(n) for n in format_names()]
+    assert prompt_format(text, everything).name == name
+    assert prompt_format(text, everything[::-1]).name == name
+
+
+def test_prompt_format_reads_a_template_rendered_prompt():
+    """A prompt a tool-rendering template wrote carries no instructions of ours: its own cues decide."""
+    from agentspec_sdk.structure.format_detect import prompt_format
+    from agentspec_sdk.structure.formats import get_format
+
+    text = ("<|im_start|>system\nFor each function call return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags as follows:\n<tool_call>\n{\"name\": <function-name>, "
+            "\"arguments\": <args-dict>}\n</tool_call><|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+    both = [get_format("tool_calls"), get_format("hermes")]
+    assert prompt_format(text, both).name == "hermes"
+    assert prompt_format("plain text", both).name == "tool_calls"  # no evidence: the plan's first
+    with pytest.raises(FormatError, match="at least one format"):
+        prompt_format("x", [])

@@ -40,6 +40,7 @@ from agentspec_sdk.drafting.tokenizer import ll_tokenizer, turn_markers
 from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.law.cost_fits import OnlineStepCost
 from agentspec_sdk.law.estimators import OnlineAcceptance
+from agentspec_sdk.structure.format_detect import prompt_format
 from agentspec_sdk.structure.formats import AgentFormat
 
 log = logging.getLogger("agentspec.drafting")
@@ -137,11 +138,8 @@ class StructureDrafter(CandidateBuilder):
         return RowContext(self.trees, self.token_bytes, self.turn_start, self.turn_end, self.pick_format)
 
     def pick_format(self, prompt_text: str) -> AgentFormat:
-        """With several formats in the plan, the one whose open markers the prompt mentions most."""
-        if len(self.formats) == 1:
-            return self.formats[0]
-        scores = [sum(prompt_text.count(m) for k in f.kinds for m in k.open) for f in self.formats]
-        return self.formats[int(np.argmax(scores))]
+        """The plan's format that the prompt asks for (`structure.format_detect.prompt_format`)."""
+        return prompt_format(prompt_text, self.formats)
 
     # -- the step -------------------------------------------------------------------------------
 

@@ -14,16 +14,21 @@ name (`formats.NATIVE_FORMATS`), or ``tool_calls`` when the model declares none.
 5. ``<|python_tag|>`` (token or template), or a template that asks for ``{"name": …, "parameters": …}``
    → ``llama3_json`` (Llama 3.1/3.2 JSON; their tokenizers also hold ``<|python_tag|>``, which is why
    the pythonic cue is read first).
+
+`prompt_format(prompt_text, formats)` answers the drafter's question "which of the plan's formats does
+this prompt ask for" from the prompt's text alone (vLLM hands the proposer token ids, never the
+request's format).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from agentspec_sdk.errors import FormatError
+from agentspec_sdk.structure.formats import AgentFormat
 
-__all__ = ["detect_format"]
+__all__ = ["detect_format", "prompt_format"]
 
 _PYTHONIC = re.compile(r"\[\s*func_name\w*\s*\(|python list of (?:the )?(?:function )?calls", re.IGNORECASE)
 _LLAMA_JSON = re.compile(r"""["']?parameters["']?\s*:\s*dictionary of argument""", re.IGNORECASE)
@@ -52,3 +57,34 @@ def detect_format(chat_template: str | None, special_tokens: Iterable[str]) -> s
     if declared("<|python_tag|>") or _LLAMA_JSON.search(template):
         return "llama3_json"
     return "tool_calls"
+
+
+def prompt_format(prompt_text: str, formats: Sequence[AgentFormat]) -> AgentFormat:
+    """The format among `formats` that `prompt_text` asks for; ties go to the earlier one.
+
+    Evidence, strongest first:
+    1. the format's own instructions, verbatim (our prompts carry them wherever the model's template
+       does not render tools; `prompts.format_instructions`);
+    2. the native format a template's rendered text declares (`detect_format` on the prompt), when it is
+       one of `formats` (a template that renders tools writes its own system text and earlier calls);
+    3. how often the prompt holds the format's open markers. Anchored markers (``{``, ``[``) open a call
+       only at a turn's first character, so in a prompt they are JSON, not evidence.
+    Counting markers alone cannot tell formats that share markers apart (``hermes`` and ``tool_calls``
+    both use ``<tool_call>``; every JSON tool list holds ``{``).
+    """
+    if not formats:
+        raise FormatError("prompt_format needs at least one format")
+    if len(formats) == 1:
+        return formats[0]
+
+    def markers(fmt: AgentFormat) -> int:
+        return sum(prompt_text.count(m) for k in fmt.kinds if not k.anchored for m in k.open)
+
+    instructed = [f for f in formats if f.instructions and f.instructions in prompt_text]
+    if instructed:
+        return max(instructed, key=markers)
+    declared = detect_format(prompt_text, ())
+    for fmt in formats:
+        if declared != "tool_calls" and fmt.name == declared:
+            return fmt
+    return max(formats, key=markers)
