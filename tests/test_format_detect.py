@@ -135,7 +135,8 @@ def test_prompt_format_reads_a_template_rendered_prompt():
 
     text = ("<|im_start|>system\nFor each function call return a json object with function name and "
             "arguments within <tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
-            "{\"name\": <function-name>, \"arguments\": <args-dict>}\n</tool_call><|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+            "{\"name\": <function-name>, \"arguments\": <args-dict>}\n</tool_call><|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n")
     both = [get_format("tool_calls"), get_format("hermes")]
     assert prompt_format(text, both).name == "hermes"
     assert prompt_format("plain text", both).name == "tool_calls"  # no evidence: the plan's first
