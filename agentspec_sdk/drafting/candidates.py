@@ -34,14 +34,14 @@ class CandidateBuilder:
     def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """The row's draft before sizing. `note` (explain mode): filled with what was weighed.
 
-        A draft's trailing turn-end tokens are worth nothing: accepted, the turn ends where the
-        target's own next token would have ended it in the same pass, so they are not drafted."""
+        A draft ends before its first turn-end token (`<|im_end|>`): accepted, that token saves
+        nothing (the target's own next token in the same pass would have ended the turn too), and
+        nothing after it can be accepted (the turn is over). A tree's draft priced past a segment
+        end (boundary "price") can hold one in its middle, e.g. `</tool_call><|im_end|>…`."""
         cand = self._choose(st, note)
-        if cand is None or cand.tokens[-1] not in self.end_ids:
+        if cand is None or self.end_ids.isdisjoint(cand.tokens):
             return cand
-        n = len(cand.tokens)
-        while n and cand.tokens[n - 1] in self.end_ids:
-            n -= 1
+        n = next(i for i, t in enumerate(cand.tokens) if t in self.end_ids)
         if not n:
             return None
         conf = cand.confidences[:n] if cand.confidences is not None else None
@@ -58,20 +58,25 @@ class CandidateBuilder:
             note["rule"] = "forced-first"
             if priced or self.explain is not None:  # what the tree would have offered
                 note["tree"] = self._suffix_candidate(st, note)
-            return self._through(own, note) if priced else own
+            return self._through(st, own, note) if priced else own
         tree = note["tree"] = self._suffix_candidate(st, note)
-        if tree is not None and (own is None or self._expected(tree) > self._expected(own)):
+        if tree is not None and (own is None or self._worth(tree) > self._worth(own)):
             self.suffix_chosen += 1
             note["rule"] = "tree"
             return tree
-        return self._through(own, note) if priced and own is not None else own
+        return self._through(st, own, note) if priced and own is not None else own
 
-    def _through(self, own: Candidate, note: dict) -> Candidate:
+    def _through(self, st: RowState, own: Candidate, note: dict) -> Candidate:
         """Own candidate continued past the segment end by the tree (boundary "price"): when the
         tree's draft begins with own's tokens, its further tokens are appended as source "cross"."""
         raw, conf = note.get("tree_raw") or [], note.get("tree_conf") or []
         n = len(own.tokens)
         if len(raw) <= n or raw[:n] != own.tokens:
+            return own
+        # Only through the boundary: where own stops inside its segment (forced text that ends
+        # before a value, a lookup that ran out) the tree's further in-segment tokens are what the
+        # source choice weighed against own and lost, not a crossing to price.
+        if self._inside(st, raw) > n:
             return own
         cross = self.accounting.acceptance.alpha(own.law_class, "cross")
         return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
@@ -108,6 +113,19 @@ class CandidateBuilder:
         if cut is None:
             return len(tokens)
         return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
+
+    def _worth(self, cand: Candidate) -> float:
+        """What a candidate saves at the budget's price: Σ_j (v_j - price) over the positions the
+        budget would send (v_j = Π_{i≤j} confidence_i ≥ price, at most γ). Priced, not by expected
+        length, because tokens the budget will not send are worth nothing: a tree draft whose
+        length is `cross` tokens past a segment end at low value must not win the row from an own
+        candidate it then loses to once sized."""
+        values = np.cumprod(self._confidences(cand)[: self.gamma])
+        price = self.row_price
+        paid = values >= price
+        if not paid.all():
+            values = values[: int(np.argmin(paid))]
+        return float(values.sum())
 
     def _expected(self, cand: Candidate) -> float:
         """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""

@@ -72,6 +72,7 @@ class StructureDrafter(CandidateBuilder):
         # per row with the candidates weighed (own, tree, tree_raw before the segment cut, rule) and
         # what was sent; None (the default): nothing recorded
         self.explain: list | None = None
+        self.row_price = 0.0  # this step's price of a draft token per row (set by each step)
         self._apply_plan(plan)
 
     @classmethod
@@ -175,6 +176,7 @@ class StructureDrafter(CandidateBuilder):
         errors = 0
         states = self._match_rows(rows)
         candidates: list[Candidate | None] = [None] * len(rows)
+        self.row_price = self._step_price(len(rows))  # what the budget will charge per draft token
         notes = [{} for _ in rows] if self.explain is not None else None
         for i, row in enumerate(rows):
             if not row.draftable:
@@ -272,13 +274,17 @@ class StructureDrafter(CandidateBuilder):
             if c is not None:
                 conf = self._confidences(c)
                 alphas[i, : len(conf)] = conf
-        terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
-        price = batch_price(self.price, len(candidates), terms)  # per row of this step
+        price = self._step_price(len(candidates))
         if self.plan.budget:
             sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:
             sizes = fixed(alphas[:, 0], price, self.gamma, lengths, gate=self.plan.gate)
         return [c.tokens[: int(k)] if c and k else [] for c, k in zip(candidates, sizes, strict=True)]
+
+    def _step_price(self, rows: int) -> float:
+        """The price of one draft token per row of a step of `rows` rows."""
+        terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
+        return batch_price(self.price, rows, terms)
 
     # -- reading --------------------------------------------------------------------------------
 
