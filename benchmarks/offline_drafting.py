@@ -480,9 +480,10 @@ def explain_table(rows: list[dict]) -> str:
 
 
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
-                      boundary: str = "wall"):
+                      boundary: str = "wall", **plan_fields):
     """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
-    (the drafter before they became one of its sources)."""
+    (the drafter before they became one of its sources); `plan_fields`: other DraftPlan fields
+    (e.g. delta_ctx=0: every row priced alike)."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
@@ -493,7 +494,7 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, 
     model = resolve_model(None)
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
-                     learn_delta=False, suffix_trees=suffix_trees, boundary=boundary)
+                     learn_delta=False, suffix_trees=suffix_trees, boundary=boundary, **plan_fields)
     return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)), explain=explain)
 
 

@@ -107,3 +107,34 @@ def test_worth_counts_only_the_tokens_the_budget_sends(offline, captured):
     # 0.9 is sent; 0.9 * 0.2 = 0.18 < 0.3 is not, nor anything after it
     assert drafter._worth(tree) == pytest.approx(0.9)
     assert drafter._expected(tree) == pytest.approx(0.9 + 0.18 + 0.162)
+
+
+CODE = ROOT / "tests" / "data" / "code_turns.json"
+
+
+def test_acceptance_is_learned_per_segment_kind_on_code_turns(offline):
+    """Cause "one class, two kinds" (code_agent: `reasoning` and `code` are both class R): a lookup in
+    the code block copies the task's signature and docstring and is accepted whole, a lookup in the
+    reasoning copies prose and is rejected. Learned over the class, the code block's lookups made
+    the reasoning's 8 tokens long (31 captured turns: 806.0 against 793.9 before turn-end tokens were
+    cut, which had hidden it: first-token `<|im_end|>` lookups, grammar-trimmed to nothing, counted as
+    rejections). Keyed by (class, source, kind), the two are priced apart."""
+    from agentspec_sdk.law.estimators import OnlineAcceptance
+
+    data = json.loads(CODE.read_text())
+
+    def replay():
+        structure = offline.structure_drafter(8, data["tools"])
+        row = offline.simulate([dict(t) for t in data["turns"]], structure, 8,
+                               trim=offline.GrammarTrim(data["grammars"]))
+        return row, structure.drafter.accounting.acceptance
+
+    keyed, acc = replay()
+    assert acc.alpha("R", "lookup", "code") > acc.alpha("R", "lookup", "reasoning") + 0.2
+    alpha = OnlineAcceptance.alpha
+    try:  # the same replay with the acceptance pooled over kinds (the class's, as before)
+        OnlineAcceptance.alpha = lambda self, cls, source=None, kind=None: alpha(self, cls, source)
+        pooled, _ = replay()
+    finally:
+        OnlineAcceptance.alpha = alpha
+    assert _cost(keyed) < _cost(pooled) - 5

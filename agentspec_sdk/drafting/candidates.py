@@ -78,7 +78,7 @@ class CandidateBuilder:
         # source choice weighed against own and lost, not a crossing to price.
         if self._inside(st, raw) > n:
             return own
-        cross = self.accounting.acceptance.alpha(own.law_class, "cross")
+        cross = self.accounting.acceptance.alpha(own.law_class, "cross", own.kind)
         return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
                          own.law_class, self._confidences(own) + [c * cross for c in conf[n:]])
 
@@ -96,7 +96,7 @@ class CandidateBuilder:
         if self.plan.isolation:
             keep = self._inside(st, tokens)
             if self.plan.boundary == "price" and keep < len(tokens):
-                cross = self.accounting.acceptance.alpha(law_class, "cross")
+                cross = self.accounting.acceptance.alpha(law_class, "cross", kind.name)
                 sources[keep:] = ["cross"] * (len(tokens) - keep)
                 conf = conf[:keep] + [c * cross for c in conf[keep:]]
             else:
@@ -138,7 +138,7 @@ class CandidateBuilder:
         out = []
         for src in cand.sources:
             if src not in cache:
-                cache[src] = acc.alpha(cand.law_class, src)
+                cache[src] = acc.alpha(cand.law_class, src, cand.kind)
             out.append(cache[src])
         return out
 
