@@ -234,3 +234,15 @@ def test_an_episode_carries_its_own_format_instructions(tmp_path):
     path.write_text(json.dumps(bad) + "\n")
     with pytest.raises(TraceError, match="instructions"):
         load_traces(path)
+
+
+def test_bundled_react_plain_traces_carry_their_instructions():
+    """The second ReAct recording: its own instructions (no placeholder to copy), every turn real."""
+    episodes = load_traces(bundled_traces().with_name("bfcl_react_plain.jsonl"))
+    assert len(episodes) == 8 and all(ep.format == "react" and ep.instructions for ep in episodes)
+    assert "<" not in episodes[0].instructions  # no placeholder in the wording
+    assistant = [t for ep in episodes for t in ep.turns if t.role == "assistant"]
+    assert len(assistant) >= 40
+    assert not any("<your reasoning>" in t.content or "in a few words of your own" in t.content
+                   for t in assistant)
+    assert all(ep.source["license"] == "Apache-2.0" for ep in episodes)
