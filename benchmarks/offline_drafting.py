@@ -60,9 +60,10 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
             grammars.append(grammar)
         index = grammars.index(grammar)
         future = submit(req)
+        fmt = req.fmt if isinstance(req.fmt, str) else req.fmt.name  # an episode's own wording: an object
         future.add_done_callback(lambda f: turns.append(
             {"prompt": f.result().prompt_token_ids, "out": f.result().token_ids, "grammar": index,
-             "fmt": req.fmt}))
+             "fmt": fmt}))
         return future
 
     engine.submit = recording_submit
