@@ -355,7 +355,10 @@ class Explainer:
 
     def __call__(self, drafts: list[list[int]], truth: list[int], key=None, index: int = 0) -> int:
         st, sx = drafts
-        a_st, a_sx = _agree(st, truth), _agree(sx, truth)
+        # the turn's last token comes with the pass either way (the target's own token): accepting
+        # it as a draft token saves nothing, so it is neither a loss nor a gain
+        last = len(truth) - 1
+        a_st, a_sx = min(_agree(st, truth), last), min(_agree(sx, truth), last)
         turn = self.turns[key]
         pos = len(turn["out"]) - len(truth)
         notes = self.structure.notes
