@@ -169,3 +169,11 @@ def test_a_long_context_row_gets_a_shorter_draft_than_a_short_one_at_equal_confi
     flat = StructureDrafter(DraftPlan(learn_delta=False, delta_ctx=0.0), tok)  # every row alike
     sizes = [len(d) for d in flat._size([cand, cand], [6000, 1000])]
     assert sizes[0] == sizes[1] > len(long)
+
+
+def test_sent_value_counts_only_what_the_budget_sends():
+    from agentspec_sdk.drafting.budget import sent_value
+
+    assert sent_value([0.9, 0.2, 0.9], 0.3, 8) == pytest.approx(0.9)  # 0.18 < 0.3: the rest is not sent
+    assert sent_value([0.9, 0.9, 0.9], 0.0, 2) == pytest.approx(0.9 + 0.81)  # at most gamma_max
+    assert sent_value([0.2], 0.3, 8) == 0.0

@@ -68,6 +68,18 @@ def row_prices(price: float, rows: int, contexts, delta_ctx: float, ref_ctx: flo
     return np.array([batch_price(max(price + s, 0.0), rows) for s in shift])
 
 
+def sent_value(confidences, price: float, gamma_max: int) -> float:
+    """Expected accepted tokens of the part of a draft the budget sends: Σ_j v_j over the prefix
+    with v_j = Π_{i≤j} confidence_i ≥ `price`, at most `gamma_max` tokens (what `allocate` gives a
+    row without a step cap). Comparing candidates by this, not by Σ over the whole candidate, weighs
+    them as they will be sent."""
+    values = np.cumprod(np.asarray(confidences, dtype=float)[: max(int(gamma_max), 0)])
+    paid = values >= price
+    if not paid.all():
+        values = values[: int(np.argmin(paid))]
+    return float(values.sum())
+
+
 def predicted_saving(alphas: np.ndarray, gammas: np.ndarray, delta: float, d: float) -> np.ndarray:
     """The law's net saving s = 1 - (1 + gamma (delta + d)) / (tau + 1), tau from alpha (eps = 1 - alpha)."""
     alphas = np.asarray(alphas, dtype=float)

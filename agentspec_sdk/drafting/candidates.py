@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentspec_sdk.drafting.budget import sent_value
 from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
 from agentspec_sdk.drafting.lookup import continuation
 from agentspec_sdk.drafting.rows import Candidate, RowState
@@ -73,10 +74,9 @@ class CandidateBuilder:
         n = len(own.tokens)
         if len(raw) <= n or raw[:n] != own.tokens:
             return own
-        # Only through the boundary: where own stops inside its segment (forced text that ends
-        # before a value, a lookup that ran out) the tree's further in-segment tokens are what the
-        # source choice weighed against own and lost, not a crossing to price.
-        if self._inside(st, raw) > n:
+        # only through the boundary: where own stops inside its segment, the tree's further tokens
+        # are what the source choice weighed and lost, not a crossing
+        if _inside(self.token_bytes, st.seg, raw) > n:
             return own
         cross = self.accounting.acceptance.alpha(own.law_class, "cross", own.kind)
         return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
@@ -94,7 +94,7 @@ class CandidateBuilder:
         law_class = kind.law_class.value
         sources = ["suffix"] * len(tokens)
         if self.plan.isolation:
-            keep = self._inside(st, tokens)
+            keep = _inside(self.token_bytes, st.seg, tokens)
             if self.plan.boundary == "price" and keep < len(tokens):
                 cross = self.accounting.acceptance.alpha(law_class, "cross", kind.name)
                 sources[keep:] = ["cross"] * (len(tokens) - keep)
@@ -105,27 +105,10 @@ class CandidateBuilder:
             return None
         return Candidate(tokens, sources, kind.name, law_class, conf)
 
-    def _inside(self, st: RowState, tokens: list[int]) -> int:
-        """How many of `tokens` lie inside the current segment (a token holding the boundary is out)."""
-        pieces = [self.token_bytes[t] for t in tokens]
-        text = b"".join(pieces).decode("utf-8", errors="replace")
-        cut = st.seg.boundary_in(text)
-        if cut is None:
-            return len(tokens)
-        return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
-
     def _worth(self, cand: Candidate) -> float:
-        """What a candidate saves at the budget's price: Σ_j (v_j - price) over the positions the
-        budget would send (v_j = Π_{i≤j} confidence_i ≥ price, at most γ). Priced, not by expected
-        length, because tokens the budget will not send are worth nothing: a tree draft whose
-        length is `cross` tokens past a segment end at low value must not win the row from an own
-        candidate it then loses to once sized."""
-        values = np.cumprod(self._confidences(cand)[: self.gamma])
-        price = self.row_price
-        paid = values >= price
-        if not paid.all():
-            values = values[: int(np.argmin(paid))]
-        return float(values.sum())
+        """What a candidate is worth at this row's price: `budget.sent_value` (only the tokens the
+        budget would send count: a tree draft long in withheld `cross` tokens must not win the row)."""
+        return sent_value(self._confidences(cand), self.row_price, self.gamma)
 
     def _expected(self, cand: Candidate) -> float:
         """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""
@@ -341,6 +324,17 @@ class CandidateBuilder:
         tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
                                   probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
+
+
+def _inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:
+    """How many of `tokens` lie inside the segmenter's current segment (a token holding the boundary
+    is out)."""
+    pieces = [token_bytes[t] for t in tokens]
+    text = b"".join(pieces).decode("utf-8", errors="replace")
+    cut = seg.boundary_in(text)
+    if cut is None:
+        return len(tokens)
+    return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
 
 
 def _tokens_within(pieces: list[bytes], limit: int) -> int:
