@@ -60,9 +60,10 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
             grammars.append(grammar)
         index = grammars.index(grammar)
         future = submit(req)
+        fmt = req.fmt if isinstance(req.fmt, str) else req.fmt.name  # an episode's own wording: an object
         future.add_done_callback(lambda f: turns.append(
             {"prompt": f.result().prompt_token_ids, "out": f.result().token_ids, "grammar": index,
-             "fmt": req.fmt}))
+             "fmt": fmt}))
         return future
 
     engine.submit = recording_submit
@@ -354,7 +355,10 @@ class Explainer:
 
     def __call__(self, drafts: list[list[int]], truth: list[int], key=None, index: int = 0) -> int:
         st, sx = drafts
-        a_st, a_sx = _agree(st, truth), _agree(sx, truth)
+        # the turn's last token comes with the pass either way (the target's own token): accepting
+        # it as a draft token saves nothing, so it is neither a loss nor a gain
+        last = len(truth) - 1
+        a_st, a_sx = min(_agree(st, truth), last), min(_agree(sx, truth), last)
         turn = self.turns[key]
         pos = len(turn["out"]) - len(truth)
         notes = self.structure.notes
@@ -480,9 +484,10 @@ def explain_table(rows: list[dict]) -> str:
 
 
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
-                      boundary: str = "wall"):
+                      boundary: str = "wall", **plan_fields):
     """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
-    (the drafter before they became one of its sources)."""
+    (the drafter before they became one of its sources); `plan_fields`: other DraftPlan fields
+    (e.g. delta_ctx=0: every row priced alike)."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
@@ -493,7 +498,7 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, 
     model = resolve_model(None)
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
-                     learn_delta=False, suffix_trees=suffix_trees, boundary=boundary)
+                     learn_delta=False, suffix_trees=suffix_trees, boundary=boundary, **plan_fields)
     return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)), explain=explain)
 
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving
+from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving, row_prices
 from agentspec_sdk.errors import LawInputError
 
 alphas_st = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24)
@@ -123,3 +123,57 @@ def test_batch_price_with_the_pass_cost_terms():
     # + the drafter's d
     assert batch_price(one + 0.01, 8, (a, b, c)) == pytest.approx(c * 8 / (a + b * 8) + 0.01)
     assert batch_price(0.05, 8, (0.0, 0.0, 0.01)) == batch_price(0.05, 8)  # unusable terms: the r-form
+
+
+def test_row_prices_grow_with_each_rows_context():
+    """The pass cost model's per-token-of-context term (verified_ctx) as delta_ctx: a row of L tokens
+    costs delta + delta_ctx (L - ref) / 1000 for one sequence, then the batch's per-row price."""
+    assert row_prices(0.02, 8, [1500, 1500], 0.013, 1500).tolist() == [batch_price(0.02, 8)] * 2
+    long, short = row_prices(0.02, 8, [6000, 1000], 0.013, 1500)
+    assert long == pytest.approx(batch_price(0.02 + 0.013 * 4.5, 8))
+    assert short == pytest.approx(batch_price(0.02 - 0.013 * 0.5, 8))
+    assert row_prices(0.02, 1, [6000], 0.0, 1500).tolist() == [0.02]  # delta_ctx 0: every row alike
+    assert row_prices(0.001, 1, [0], 0.013, 1500).tolist() == [0.0]  # never below 0
+    # with the pass cost terms (a, b, c): the context part is e = delta_ctx (a + b) seconds per 1k
+    a, b, c = 0.073, 0.0066, 0.0032
+    got = row_prices(c / (a + b), 8, [3500], 0.013, 1500, (a, b, c))[0]
+    assert got == pytest.approx(c * 8 / (a + b * 8) + 0.013 * 2.0 * (a + b) * 8 / (a + b * 8))
+
+
+def test_allocate_prices_each_row_by_its_own_price():
+    # equal confidence, the long row pays more per token: a shorter draft
+    alphas = np.full((2, 8), 0.8)
+    prices = row_prices(0.02, 8, [6000, 1000], 0.013, 1500)
+    sizes = allocate(alphas, prices, None, 8).tolist()
+    assert sizes[0] < sizes[1]
+    assert sizes == [int(np.sum(0.8 ** np.arange(1, 9) >= p)) for p in prices]
+    with pytest.raises(LawInputError, match="prices"):
+        allocate(alphas, [0.1, 0.1, 0.1], None, 8)
+
+
+def test_a_long_context_row_gets_a_shorter_draft_than_a_short_one_at_equal_confidence():
+    """The drafter's sizing: two rows, the same candidate and confidences, contexts of 6k and 1k
+    tokens (counted in tokens drafted, not timed)."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.drafting.rows import Candidate
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    drafter = StructureDrafter(DraftPlan(learn_delta=False), tok)
+    cand = Candidate(list(range(100, 108)), ["suffix"] * 8, "reasoning", "R", [0.7] * 8)
+    long, short = drafter._size([cand, cand], [6000, 1000])
+    assert len(long) < len(short)
+    flat = StructureDrafter(DraftPlan(learn_delta=False, delta_ctx=0.0), tok)  # every row alike
+    sizes = [len(d) for d in flat._size([cand, cand], [6000, 1000])]
+    assert sizes[0] == sizes[1] > len(long)
+
+
+def test_sent_value_counts_only_what_the_budget_sends():
+    from agentspec_sdk.drafting.budget import sent_value
+
+    assert sent_value([0.9, 0.2, 0.9], 0.3, 8) == pytest.approx(0.9)  # 0.18 < 0.3: the rest is not sent
+    assert sent_value([0.9, 0.9, 0.9], 0.0, 2) == pytest.approx(0.9 + 0.81)  # at most gamma_max
+    assert sent_value([0.2], 0.3, 8) == 0.0

@@ -199,3 +199,16 @@ def test_without_an_off_pass_log_the_off_pass_is_predicted_on_the_plain_path():
     plain = model.seconds(rows=1.0, ctx=1500.0, grammar=1.0, no_spec=1.0, proposer=False)
     assert model.coef["no_spec"] > 0.005
     assert check["t_off_s"] == pytest.approx(plain)
+
+
+def test_online_step_cost_knows_the_context_its_delta_is_learned_at():
+    """`ref_ctx`: the drafted-weighted mean context of the steps (the context the learned delta holds
+    at, which `budget.row_prices` prices each row's context against)."""
+    from agentspec_sdk.law.cost_fits import OnlineStepCost
+
+    cost = OnlineStepCost(0.02, decay=1.0)
+    assert cost.ref_ctx() is None
+    cost.observe(0.0, 2, 0, 0)  # no drafted token: no context to learn at
+    cost.observe(0.1, 2, 4, 4 * 1000)  # 4 tokens drafted in rows of 1000 tokens
+    cost.observe(0.2, 2, 2, 2 * 4000)  # 2 in rows of 4000
+    assert cost.ref_ctx() == pytest.approx((4000 + 8000) / 6)

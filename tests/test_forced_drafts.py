@@ -196,8 +196,9 @@ def test_a_repeated_call_is_copied_with_its_newline(tok):
     drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>\n{CALL}</tool_call>\n<tool_call>"
     draft = tok.decode(_draft(drafter, tok, head))
+    # (at a short prompt's price the draft runs on to the close marker: row_prices)
     assert (draft.startswith('\n{"name":"get_weather","arguments":{"city":"Oslo')
-            and CALL.startswith(draft[1:]))
+            and (CALL + "</tool_call>").startswith(draft[1:]))
 
 
 def test_a_begun_open_marker_is_completed_and_the_call_drafted(tok):

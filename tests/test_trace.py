@@ -189,3 +189,60 @@ def test_bundled_react_and_code_agent_traces(fmt, source, licence):
     assert sum(len(ep.observations()) for ep in episodes) >= len(episodes)  # tools / code ran for real
     with pytest.raises(TraceError, match="no bundled traces in format 'prose'"):
         bundled_traces("prose")
+
+
+def test_an_episode_carries_its_own_format_instructions(tmp_path):
+    """A recording made with other wording of the format's instructions keeps it (`instructions`) and
+    replays with it: run_episode sends the format with those instructions, the prompt holds them."""
+    from concurrent.futures import Future
+
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.prompts import chat_messages
+    from agentspec_sdk.backends.types import TurnResult
+    from agentspec_sdk.replay.loop import run_episode
+    from agentspec_sdk.structure.formats import REACT, get_format
+    from agentspec_sdk.structure.token_labels import TokenClassifier
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    own = 'Start with a line "Thought:" saying in a few words of your own what you will do.'
+    ep = Episode("r1", {"name": "test"}, "sys", [TOOL], "react", [Turn("user", "go to docs")],
+                 instructions=own)
+    path = tmp_path / "t.jsonl"
+    dump_traces([ep, episode("plain")], path)
+    back = load_traces(path)
+    assert back[0].instructions == own and back[1].instructions == ""
+    assert "instructions" not in back[1].to_dict()  # traces without own wording are written as before
+    assert back[0].agent_format().instructions == own and back[0].agent_format().kinds == REACT.kinds
+
+    sent = []
+
+    class Engine:
+        def submit(self, req):
+            sent.append(req)
+            future = Future()
+            future.set_result(TurnResult(request_id=req.request_id, text="Final Answer: done"))
+            return future
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    run_episode(Engine(), back[0], lambda *a: None, classifier=TokenClassifier(tok), max_tokens=8,
+                max_steps=lambda seg: 1, sleep=False)
+    system = chat_messages(sent[0].messages, get_format(sent[0].fmt), ToolRegistry([TOOL]))[0]["content"]
+    assert own in system and "<your reasoning>" not in system
+    bad = back[0].to_dict() | {"instructions": 3}
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(TraceError, match="instructions"):
+        load_traces(path)
+
+
+def test_bundled_react_plain_traces_carry_their_instructions():
+    """The second ReAct recording: its own instructions (no placeholder to copy), every turn real."""
+    episodes = load_traces(bundled_traces().with_name("bfcl_react_plain.jsonl"))
+    assert len(episodes) == 8 and all(ep.format == "react" and ep.instructions for ep in episodes)
+    assert "<" not in episodes[0].instructions  # no placeholder in the wording
+    assistant = [t for ep in episodes for t in ep.turns if t.role == "assistant"]
+    assert len(assistant) >= 40
+    assert not any("<your reasoning>" in t.content or "in a few words of your own" in t.content
+                   for t in assistant)
+    assert all(ep.source["license"] == "Apache-2.0" for ep in episodes)

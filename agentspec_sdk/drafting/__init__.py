@@ -1,6 +1,6 @@
 """Structure-aware drafting logic (no vllm import): the plan, the proposer, the budget allocator."""
 
-from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving
+from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving, row_prices
 from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan, PlanError, PlanWatcher
@@ -17,6 +17,7 @@ __all__ = [
     "StructureDrafter",
     "allocate",
     "batch_price",
+    "row_prices",
     "fixed",
     "predicted_saving",
     "prefix_hash",

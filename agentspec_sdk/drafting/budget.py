@@ -42,6 +42,44 @@ def batch_price(price: float, rows: int, terms: tuple[float, float, float] | Non
     return r * b / (1.0 + r * b)
 
 
+def row_prices(price: float, rows: int, contexts, delta_ctx: float, ref_ctx: float,
+               terms: tuple[float, float, float] | None = None) -> np.ndarray:
+    """The price of one draft token per row of a step, each row priced by its own context length.
+
+    A verified draft token attends over its row's whole context, so it costs more in a long row:
+    the pass cost model's `verified_ctx` term (seconds per verified token per 1k tokens of the
+    row's context, `law.PassCosts`). `delta_ctx` is that term in the law's units (a fraction of one
+    sequence's pass per 1k tokens of context); `price` = delta + d holds at `ref_ctx` tokens of
+    context (where delta was measured or learned), so a row of L tokens costs, for one sequence,
+    price + delta_ctx (L - ref_ctx) / 1000 (at least 0), then `batch_price` for the step's rows.
+    With `terms` = (a, b, c) the context part in seconds is e = delta_ctx (a + b) per 1k tokens,
+    priced per row of an n-row pass like c: e (L - ref_ctx) / 1000 · n / (a + b n).
+    `delta_ctx` = 0 gives every row `batch_price(price, rows, terms)`."""
+    ctx = np.asarray(contexts, dtype=float).reshape(-1)
+    base = batch_price(price, rows, terms)
+    if delta_ctx <= 0 or ctx.size == 0:
+        return np.full(ctx.size, base)
+    shift = delta_ctx * (ctx - float(ref_ctx)) / 1000.0  # one sequence's price, relative to ref_ctx
+    if terms is not None:
+        a, b, _ = (float(x) for x in terms)
+        n = max(int(rows), 1)
+        if a + b > 0 and a + b * n > 0:
+            return np.clip(base + shift * (a + b) * n / (a + b * n), 0.0, 1.0)
+    return np.array([batch_price(max(price + s, 0.0), rows) for s in shift])
+
+
+def sent_value(confidences, price: float, gamma_max: int) -> float:
+    """Expected accepted tokens of the part of a draft the budget sends: Σ_j v_j over the prefix
+    with v_j = Π_{i≤j} confidence_i ≥ `price`, at most `gamma_max` tokens (what `allocate` gives a
+    row without a step cap). Comparing candidates by this, not by Σ over the whole candidate, weighs
+    them as they will be sent."""
+    values = np.cumprod(np.asarray(confidences, dtype=float)[: max(int(gamma_max), 0)])
+    paid = values >= price
+    if not paid.all():
+        values = values[: int(np.argmin(paid))]
+    return float(values.sum())
+
+
 def predicted_saving(alphas: np.ndarray, gammas: np.ndarray, delta: float, d: float) -> np.ndarray:
     """The law's net saving s = 1 - (1 + gamma (delta + d)) / (tau + 1), tau from alpha (eps = 1 - alpha)."""
     alphas = np.asarray(alphas, dtype=float)
@@ -62,8 +100,9 @@ def allocate(
     """Draft length per row (int array, 0..min(gamma_max, max_len_per_row[r])).
 
     `alphas`: per-row acceptance estimates in [0, 1], or a (rows, width) array of per-position
-    acceptance (positions past width count as 0). `price`: delta + d. `step_budget`: total draft
-    tokens this step (None = unlimited).
+    acceptance (positions past width count as 0). `price`: delta + d, one for every row or one per
+    row (`row_prices`: a long row's tokens cost more). `step_budget`: total draft tokens this step
+    (None = unlimited).
 
     The law's gate (no draft where the predicted saving s = 1 - (1 + gamma price) / (tau + 1) is
     negative) holds by construction: every token given has alpha^j >= price, so
@@ -76,7 +115,10 @@ def allocate(
     rows = a.shape[0]
     if rows == 0:
         return np.zeros(0, dtype=np.int64)
-    if gamma_max < 0 or (step_budget is not None and step_budget < 0) or price < 0:
+    prices = np.asarray(price, dtype=float)
+    if prices.ndim and prices.size != rows:
+        raise LawInputError(f"allocate got {prices.size} prices for {rows} rows")
+    if gamma_max < 0 or (step_budget is not None and step_budget < 0) or np.any(prices < 0):
         raise LawInputError(
             f"allocate needs gamma_max >= 0, step_budget >= 0, price >= 0; "
             f"got {gamma_max}, {step_budget}, {price}")
@@ -92,7 +134,8 @@ def allocate(
         values = np.cumprod(padded, axis=1)
     else:
         values = a[:, None] ** j[None, :]
-    usable = (j[None, :] <= caps[:, None]) & (values >= price)
+    limit = prices.reshape(-1, 1) if prices.ndim else prices
+    usable = (j[None, :] <= caps[:, None]) & (values >= limit)
     counts = usable.sum(axis=1)
     if step_budget is not None and counts.sum() > step_budget:
         flat = np.where(usable, values, -1.0).ravel()

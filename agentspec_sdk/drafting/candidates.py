@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentspec_sdk.drafting.budget import sent_value
 from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
 from agentspec_sdk.drafting.lookup import continuation
 from agentspec_sdk.drafting.rows import Candidate, RowState
@@ -34,14 +35,14 @@ class CandidateBuilder:
     def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """The row's draft before sizing. `note` (explain mode): filled with what was weighed.
 
-        A draft's trailing turn-end tokens are worth nothing: accepted, the turn ends where the
-        target's own next token would have ended it in the same pass, so they are not drafted."""
+        A draft ends before its first turn-end token (`<|im_end|>`): accepted, that token saves
+        nothing (the target's own next token in the same pass would have ended the turn too), and
+        nothing after it can be accepted (the turn is over). A tree's draft priced past a segment
+        end (boundary "price") can hold one in its middle, e.g. `</tool_call><|im_end|>…`."""
         cand = self._choose(st, note)
-        if cand is None or cand.tokens[-1] not in self.end_ids:
+        if cand is None or self.end_ids.isdisjoint(cand.tokens):
             return cand
-        n = len(cand.tokens)
-        while n and cand.tokens[n - 1] in self.end_ids:
-            n -= 1
+        n = next(i for i, t in enumerate(cand.tokens) if t in self.end_ids)
         if not n:
             return None
         conf = cand.confidences[:n] if cand.confidences is not None else None
@@ -58,22 +59,26 @@ class CandidateBuilder:
             note["rule"] = "forced-first"
             if priced or self.explain is not None:  # what the tree would have offered
                 note["tree"] = self._suffix_candidate(st, note)
-            return self._through(own, note) if priced else own
+            return self._through(st, own, note) if priced else own
         tree = note["tree"] = self._suffix_candidate(st, note)
-        if tree is not None and (own is None or self._expected(tree) > self._expected(own)):
+        if tree is not None and (own is None or self._worth(tree) > self._worth(own)):
             self.suffix_chosen += 1
             note["rule"] = "tree"
             return tree
-        return self._through(own, note) if priced and own is not None else own
+        return self._through(st, own, note) if priced and own is not None else own
 
-    def _through(self, own: Candidate, note: dict) -> Candidate:
+    def _through(self, st: RowState, own: Candidate, note: dict) -> Candidate:
         """Own candidate continued past the segment end by the tree (boundary "price"): when the
         tree's draft begins with own's tokens, its further tokens are appended as source "cross"."""
         raw, conf = note.get("tree_raw") or [], note.get("tree_conf") or []
         n = len(own.tokens)
         if len(raw) <= n or raw[:n] != own.tokens:
             return own
-        cross = self.accounting.acceptance.alpha(own.law_class, "cross")
+        # only through the boundary: where own stops inside its segment, the tree's further tokens
+        # are what the source choice weighed and lost, not a crossing
+        if _inside(self.token_bytes, st.seg, raw) > n:
+            return own
+        cross = self.accounting.acceptance.alpha(own.law_class, "cross", own.kind)
         return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
                          own.law_class, self._confidences(own) + [c * cross for c in conf[n:]])
 
@@ -89,9 +94,9 @@ class CandidateBuilder:
         law_class = kind.law_class.value
         sources = ["suffix"] * len(tokens)
         if self.plan.isolation:
-            keep = self._inside(st, tokens)
+            keep = _inside(self.token_bytes, st.seg, tokens)
             if self.plan.boundary == "price" and keep < len(tokens):
-                cross = self.accounting.acceptance.alpha(law_class, "cross")
+                cross = self.accounting.acceptance.alpha(law_class, "cross", kind.name)
                 sources[keep:] = ["cross"] * (len(tokens) - keep)
                 conf = conf[:keep] + [c * cross for c in conf[keep:]]
             else:
@@ -100,14 +105,10 @@ class CandidateBuilder:
             return None
         return Candidate(tokens, sources, kind.name, law_class, conf)
 
-    def _inside(self, st: RowState, tokens: list[int]) -> int:
-        """How many of `tokens` lie inside the current segment (a token holding the boundary is out)."""
-        pieces = [self.token_bytes[t] for t in tokens]
-        text = b"".join(pieces).decode("utf-8", errors="replace")
-        cut = st.seg.boundary_in(text)
-        if cut is None:
-            return len(tokens)
-        return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
+    def _worth(self, cand: Candidate) -> float:
+        """What a candidate is worth at this row's price: `budget.sent_value` (only the tokens the
+        budget would send count: a tree draft long in withheld `cross` tokens must not win the row)."""
+        return sent_value(self._confidences(cand), self.row_price, self.gamma)
 
     def _expected(self, cand: Candidate) -> float:
         """Expected accepted tokens of a candidate: Σ_j Π_{i≤j} confidence_i."""
@@ -120,7 +121,7 @@ class CandidateBuilder:
         out = []
         for src in cand.sources:
             if src not in cache:
-                cache[src] = acc.alpha(cand.law_class, src)
+                cache[src] = acc.alpha(cand.law_class, src, cand.kind)
             out.append(cache[src])
         return out
 
@@ -325,6 +326,17 @@ class CandidateBuilder:
         tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
                                   probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
+
+
+def _inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:
+    """How many of `tokens` lie inside the segmenter's current segment (a token holding the boundary
+    is out)."""
+    pieces = [token_bytes[t] for t in tokens]
+    text = b"".join(pieces).decode("utf-8", errors="replace")
+    cut = seg.boundary_in(text)
+    if cut is None:
+        return len(tokens)
+    return _tokens_within(pieces, len(text[:cut].encode("utf-8")))
 
 
 def _tokens_within(pieces: list[bytes], limit: int) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sdk.drafting.budget import allocate, batch_price, fixed
+from agentspec_sdk.drafting.budget import allocate, fixed, row_prices
 from agentspec_sdk.drafting.candidates import CandidateBuilder, _tool_call_grammar
 from agentspec_sdk.drafting.forced import CallMatcher
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
@@ -73,6 +73,7 @@ class StructureDrafter(CandidateBuilder):
         # per row with the candidates weighed (own, tree, tree_raw before the segment cut, rule) and
         # what was sent; None (the default): nothing recorded
         self.explain: list | None = None
+        self.row_price = 0.0  # this step's price of a draft token per row (set by each step)
         self._apply_plan(plan)
 
     @classmethod
@@ -186,13 +187,14 @@ class StructureDrafter(CandidateBuilder):
                 else:
                     self._resolve(st, ids, row.sampled)
                     st.advance(ids)
+                self.row_price = float(self._prices(len(rows), [st.n])[0])  # what sizing will charge
                 candidates[i] = self._candidate(st, notes[i] if notes is not None else None)
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1
                 states[i] = None
                 self._failed(f"row {i}")
         self._rows = states
-        drafts = self._size(candidates)
+        drafts = self._size(candidates, [st.n if st is not None else 0 for st in states])
         if notes is not None:
             for note, cand, draft in zip(notes, candidates, drafts, strict=True):
                 note.update(chosen=cand, sent=draft)
@@ -200,8 +202,9 @@ class StructureDrafter(CandidateBuilder):
         self.accounting.sized([(c.law_class, len(c.tokens), len(d))
                                for c, d in zip(candidates, drafts, strict=True)
                                if c is not None])
+        drafted_ctx = int(sum(len(d) * states[i].n for i, d in enumerate(drafts) if d))
         if self.plan.learn_delta:
-            self.cost.observe(at, len(rows), sum(map(len, drafts)))
+            self.cost.observe(at, len(rows), sum(map(len, drafts)), drafted_ctx)
         for i, draft in enumerate(drafts):
             st, cand = states[i], candidates[i]
             if st is not None and draft and cand is not None:
@@ -210,7 +213,7 @@ class StructureDrafter(CandidateBuilder):
         sizes = [len(d) for d in drafts]  # for the report's cost fit: context and class of the drafted tokens
         extra = {"ctx": int(sum(r.num_tokens if r.num_tokens is not None
                                 else len(r.token_ids) for r in rows)),
-                 "drafted_ctx": int(sum(k * states[i].n for i, k in enumerate(sizes) if k)),
+                 "drafted_ctx": drafted_ctx,
                  "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True)
                                       if k and c.law_class == "S"))}
         self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
@@ -260,7 +263,9 @@ class StructureDrafter(CandidateBuilder):
 
     # -- sizing -------------------------------------------------------------------------------
 
-    def _size(self, candidates: list[Candidate | None]) -> list[list[int]]:
+    def _size(self, candidates: list[Candidate | None], contexts=None) -> list[list[int]]:
+        """Each row's draft, sized together; `contexts`: each row's context length (tokens), which
+        prices its draft tokens (`budget.row_prices`; None: every row at the reference context)."""
         if not candidates:
             return []
         lengths = np.array([len(c.tokens) if c else 0 for c in candidates])
@@ -270,13 +275,22 @@ class StructureDrafter(CandidateBuilder):
             if c is not None:
                 conf = self._confidences(c)
                 alphas[i, : len(conf)] = conf
-        terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
-        price = batch_price(self.price, len(candidates), terms)  # per row of this step
+        price = self._prices(len(candidates), contexts)
         if self.plan.budget:
             sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:
             sizes = fixed(alphas[:, 0], price, self.gamma, lengths, gate=self.plan.gate)
         return [c.tokens[: int(k)] if c and k else [] for c, k in zip(candidates, sizes, strict=True)]
+
+    def _prices(self, rows: int, contexts=None) -> np.ndarray:
+        """The price of one draft token per row of a step of `rows` rows, each row by its context
+        length (`contexts`; None: every row at the reference context). The reference is the context
+        delta holds at: the learned one's mean drafted context once learned, else the plan's ctx_ref."""
+        terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
+        ref = self.cost.ref_ctx() if self.plan.learn_delta and self.cost.learned else None
+        ref = float(self.plan.ctx_ref if ref is None else ref)
+        ctx = [ref] * rows if contexts is None else contexts
+        return row_prices(self.price, rows, ctx, self.plan.delta_ctx, ref, terms)
 
     # -- reading --------------------------------------------------------------------------------
 

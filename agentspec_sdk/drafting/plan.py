@@ -36,6 +36,12 @@ class DraftPlan:
     delta: float = 0.02  # verify cost of one extra token / one target pass; the prior when learn_delta
     learn_delta: bool = True  # learn delta from the proposer's own step times (law.OnlineStepCost)
     d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
+    # A drafted token's verify cost grows with its row's context (the pass cost model's verified_ctx):
+    # delta_ctx per 1k tokens of context, in delta's units; delta (prior or learned) holds at ctx_ref
+    # tokens. Default: the bench's pass cost fits here (1.2-1.7 ms per verified token per 1k context
+    # against 111-115 ms per one-row pass; delta 0.02 was measured at about 1.5k tokens per row)
+    delta_ctx: float = 0.013
+    ctx_ref: int = 1500
     prior_acceptance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PRIOR))
     gate: bool = True
     isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
@@ -68,7 +74,9 @@ class DraftPlan:
             raise PlanError(f"plan: gamma_max must be an integer in [0, 64], got {self.gamma_max!r}")
         if self.step_budget is not None and (not isinstance(self.step_budget, int) or self.step_budget < 0):
             raise PlanError(f"plan: step_budget must be None or an integer >= 0, got {self.step_budget!r}")
-        for name in ("kappa", "delta", "d"):
+        if isinstance(self.ctx_ref, bool) or not isinstance(self.ctx_ref, int) or self.ctx_ref < 0:
+            raise PlanError(f"plan: ctx_ref must be an integer >= 0, got {self.ctx_ref!r}")
+        for name in ("kappa", "delta", "d", "delta_ctx"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise PlanError(f"plan: {name} must be a number >= 0, got {value!r}")

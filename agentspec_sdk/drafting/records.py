@@ -132,9 +132,10 @@ class Accounting:
             for source, start, end in _runs(sources):
                 if start > rnd.accepted:
                     break
-                self.acceptance.update(rnd.law_class, source, end - start, min(end, rnd.accepted) - start)
+                self.acceptance.update(rnd.law_class, source, end - start, min(end, rnd.accepted) - start,
+                                       rnd.kind)
         else:
-            self.acceptance.update(rnd.law_class, rnd.source, rnd.drafted, rnd.accepted)
+            self.acceptance.update(rnd.law_class, rnd.source, rnd.drafted, rnd.accepted, rnd.kind)
         tot = self._totals[(rnd.law_class, rnd.source)]
         tot[0] += 1
         tot[1] += rnd.drafted

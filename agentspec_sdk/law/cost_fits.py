@@ -110,7 +110,8 @@ class OnlineStepCost:
     in the drafted counts, `delta()` is the prior. O(1) per step; a 3×3 solve every `solve_every`."""
 
     __slots__ = ("prior", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx", "_xty", "_n",
-                 "_last", "_typical", "_estimate", "_since_solve", "_rows_seen", "_drafted_seen", "_terms")
+                 "_last", "_typical", "_estimate", "_since_solve", "_rows_seen", "_drafted_seen", "_terms",
+                 "_ctx_sums")
 
     def __init__(self, prior_delta: float, *, decay: float = 0.995, min_steps: int = 64,
                  max_gap_factor: float = 4.0, solve_every: int = 16):
@@ -131,9 +132,15 @@ class OnlineStepCost:
         self._rows_seen: set[int] = set()
         self._drafted_seen: set[int] = set()
         self._terms: tuple[float, float, float] | None = None
+        self._ctx_sums = [0.0, 0.0]  # decayed Σ drafted·context, Σ drafted (the context c is learned at)
 
-    def observe(self, at: float, rows: int, drafted: int) -> None:
-        """A step that began at `at` (seconds, any clock) with `rows` rows and `drafted` draft tokens."""
+    def observe(self, at: float, rows: int, drafted: int, drafted_ctx: float = 0.0) -> None:
+        """A step that began at `at` (seconds, any clock) with `rows` rows and `drafted` draft tokens;
+        `drafted_ctx`: Σ over its rows of drafted tokens × the row's context length."""
+        if drafted > 0:
+            sums = self._ctx_sums
+            sums[0] = sums[0] * self.decay + float(drafted_ctx)
+            sums[1] = sums[1] * self.decay + float(drafted)
         last, self._last = self._last, (float(at), int(rows), int(drafted))
         if last is None or last[1] <= 0:
             return
@@ -178,6 +185,12 @@ class OnlineStepCost:
 
     def delta(self) -> float:
         return self.prior if self._estimate is None else self._estimate
+
+    def ref_ctx(self) -> float | None:
+        """The mean context (tokens) of the rows whose drafted tokens the learned delta is an average
+        over (drafted-weighted, with the same forgetting); None before any drafted token."""
+        total, drafted = self._ctx_sums
+        return total / drafted if drafted > 0 else None
 
     def terms(self) -> tuple[float, float, float] | None:
         """(a, b, c): seconds per pass, per row and per drafted token, once learned with rows that

@@ -295,7 +295,9 @@ class OnlineAcceptance:
             cell[0] = cell[0] * self.decay + accepted
             cell[1] = cell[1] * self.decay + rejected
 
-    def update(self, cls: str, source: str, drafted: int, accepted: int) -> None:
+    def update(self, cls: str, source: str, drafted: int, accepted: int, kind: str | None = None) -> None:
+        """One judged run of `drafted` tokens of (cls, source), `accepted` of them; `kind`: the segment
+        kind it was drafted in, learned apart as well (one class holds kinds that copy differently)."""
         if drafted <= 0:
             return
         if not 0 <= accepted <= drafted:
@@ -303,13 +305,17 @@ class OnlineAcceptance:
         rejected = 1 if accepted < drafted else 0
         self._bump((cls, source), accepted, rejected)
         self._bump((cls, None), accepted, rejected)
+        if kind is not None:
+            self._bump((cls, source, kind), accepted, rejected)
 
-    def alpha(self, cls: str, source: str | None = None) -> float:
-        """Posterior mean per-position acceptance of (cls, source)."""
+    def alpha(self, cls: str, source: str | None = None, kind: str | None = None) -> float:
+        """Posterior mean per-position acceptance of (cls, source) in segment kind `kind` (None: over
+        every kind); a key without data falls back to (cls, source), then to the class."""
         prior = self.prior.get(cls, self.prior[""])
         a0 = prior * self.prior_strength
         b0 = self.prior_strength - a0
-        cell = self._cells.get((cls, source)) or self._cells.get((cls, None))
+        cell = (kind is not None and self._cells.get((cls, source, kind))) \
+            or self._cells.get((cls, source)) or self._cells.get((cls, None))
         if cell is None:
             return prior
         return (cell[0] + a0) / (cell[0] + cell[1] + a0 + b0)
@@ -318,4 +324,4 @@ class OnlineAcceptance:
         return tau(gamma, 1.0 - self.alpha(cls, source))
 
     def snapshot(self) -> dict:
-        return {f"{c}/{s if s is not None else '*'}": self.alpha(c, s) for (c, s) in self._cells}
+        return {f"{c}/{s if s is not None else '*'}": self.alpha(c, s) for (c, s, *k) in self._cells if not k}

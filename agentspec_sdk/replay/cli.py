@@ -30,6 +30,19 @@ def _csv(text: str, kind=str) -> list:
                                  f"got {text!r}") from None
 
 
+def _read_text(path: Path, option: str) -> str:
+    """The text of `path` for `option` (TraceError naming both when it cannot be read or is empty)."""
+    from agentspec_sdk.errors import TraceError
+
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise TraceError(f"{option}: cannot read {path}: {err.strerror}") from None
+    if not text:
+        raise TraceError(f"{option}: {path} is empty")
+    return text
+
+
 def _fail(err: Exception) -> typer.Exit:
     typer.echo(f"Error: {err}", err=True)
     return typer.Exit(2)
@@ -300,6 +313,9 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source: b
            concurrency: Annotated[int, typer.Option("--concurrency")] = 8,
            speculation: Annotated[str,
                                   typer.Option("--speculation", help="engine mode while recording")] = "off",
+           instructions: Annotated[str, typer.Option(
+               "--instructions", help="the format's instructions in every prompt instead of its own "
+                                      "(kept in the trace); @FILE reads them from a file")] = "",
            eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Record agent traces: the model runs the agent loop, tools (and a code agent's code, in the
     sandbox) are executed for real."""
@@ -311,6 +327,8 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source: b
 
     try:
         fmt = check_source_format(source, fmt)
+        if instructions.startswith("@"):
+            instructions = _read_text(Path(instructions[1:]), "--instructions")
     except AgentSpecError as err:
         raise _fail(err) from None
     quiet_vllm()
@@ -324,7 +342,8 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source: b
             episodes = record_traces(engine, source=source, n=n, category=category, max_segments=max_segments,
                                      max_steps=max_steps, max_tokens=max_tokens, concurrency=concurrency,
                                      tokenizer=tokenizer, on_turn=progress.turn,
-                                     model_name=Path(resolve_model(model)).name, fmt=fmt)
+                                     model_name=Path(resolve_model(model)).name, fmt=fmt,
+                                     instructions=instructions)
         finally:
             progress.close()
             engine.close()

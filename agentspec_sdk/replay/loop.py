@@ -158,6 +158,8 @@ def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, cla
     produced: list[Turn] = []
     logs: list[TurnLog] = []
     agent = episode.id
+    # the format object only when the episode words its instructions itself (else the name, as before)
+    fmt = episode.agent_format() if episode.instructions else episode.format
     users = [t for t in episode.turns if t.role == "user"]
     if max_segments is not None:
         users = users[:max_segments]
@@ -168,7 +170,7 @@ def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, cla
         for step in range(steps):
             choice = tool_choice or tool_choice_policy(step, steps)
             step_grammar = grammar if grammar is not None else _GRAMMARS.get(episode, choice)
-            req = make_request(messages=list(messages), fmt=episode.format, tools=episode.tools,
+            req = make_request(messages=list(messages), fmt=fmt, tools=episode.tools,
                               grammar=step_grammar, max_tokens=max_tokens, temperature=temperature,
                               request_id=f"{agent}/{seg}/{step}", agent_id=agent)
             res = engine.submit(req).result(timeout=TURN_TIMEOUT_S)

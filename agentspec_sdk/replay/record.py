@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from agentspec_sdk import bfcl
@@ -94,13 +95,17 @@ def check_source_format(source: str, fmt: str | None) -> str:
 def record(engine: Any, *, source: str = "bfcl-multi-turn", n: int = 12, category: str = "base",
            max_segments: int = 3, max_steps: int = 3, max_tokens: int = 160, concurrency: int = 8,
            tokenizer: Any, on_turn: Callable[[TurnLog], None] | None = None,
-           model_name: str = "", fmt: str | None = None) -> list[Episode]:
+           model_name: str = "", fmt: str | None = None, instructions: str = "") -> list[Episode]:
+    """`instructions`: the format's instructions in every prompt instead of its own (kept in each
+    episode, so that the recording replays with them)."""
     fmt = check_source_format(source, fmt)
     if source == humaneval.SOURCE:
         stubs = [humaneval.episode_stub(t) for t in humaneval.pick_tasks(n)]
     else:
         stubs = [bfcl_episode_stub(e, category, max_segments, fmt)
                  for e in pick_entries(bfcl.multi_turn_entries(category), n)]
+    if instructions:
+        stubs = [replace(s, instructions=instructions) for s in stubs]
     classifier = TokenClassifier(tokenizer)
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
@@ -119,7 +124,7 @@ def record(engine: Any, *, source: str = "bfcl-multi-turn", n: int = 12, categor
         if done_on_pass:
             meta["passed"] = any(t.role == "tool" and t.content == humaneval.PASSED for t in turns)
         return Episode(id=stub.id, source=stub.source, system=stub.system, tools=stub.tools,
-                       format=stub.format, turns=turns, meta=meta)
+                       format=stub.format, turns=turns, meta=meta, instructions=stub.instructions)
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(run, stubs))

@@ -55,11 +55,24 @@ class Episode:
     format: str
     turns: list[Turn]
     meta: dict = field(default_factory=dict)
+    # The format's instructions as this episode's prompts carried them ("": the format's own,
+    # `AgentFormat.instructions`): a recording made with other wording replays with that wording.
+    instructions: str = ""
 
     def to_dict(self) -> dict:
+        extra = {"instructions": self.instructions} if self.instructions else {}
         return {"version": TRACE_VERSION, "id": self.id, "source": self.source, "system": self.system,
-                "tools": self.tools, "format": self.format, "meta": self.meta,
+                "tools": self.tools, "format": self.format, **extra, "meta": self.meta,
                 "turns": [t.to_dict() for t in self.turns]}
+
+    def agent_format(self):
+        """The format its requests use: the named one, with this episode's instructions if it has own."""
+        from dataclasses import replace
+
+        from agentspec_sdk.structure.formats import get_format
+
+        fmt = get_format(self.format)
+        return replace(fmt, instructions=self.instructions) if self.instructions else fmt
 
     def user_segments(self) -> list[list[Turn]]:
         """The turns split at each user message; segment i starts with user message i."""
@@ -168,10 +181,12 @@ def episode_from_dict(data: Any) -> Episode:
             raise _Bad(f"{where}: no user message")
         fmt = _need(data, "format", str, where)
         _check_format(fmt, turns, where)
+        instructions = _need(data, "instructions", str, where) if "instructions" in data else ""
         return Episode(id=ep_id, source=_need(data, "source", dict, where),
                        system=_need(data, "system", str, where), tools=tools,
                        format=fmt, turns=turns,
-                       meta=data.get("meta", {}) if isinstance(data.get("meta", {}), dict) else {})
+                       meta=data.get("meta", {}) if isinstance(data.get("meta", {}), dict) else {},
+                       instructions=instructions)
     except _Bad as bad:
         raise TraceError(str(bad)) from None
 

@@ -1,0 +1,140 @@
+"""Regression tests of the loss causes `benchmarks/offline_drafting.py --explain` found where boundary
+"price" lost to "wall" (bundled tool_calls, code_agent, long_context), each on captured turns (offline,
+no engine): replaying the captured group with boundary "price" must cost no more than with "wall"
+(cost = passes + 0.05 drafted, grammar-trimmed greedy verification), and the mechanism must be gone.
+
+tests/data/tool_calls_turns.json: 18 turns of the bundled arm-D capture (SmolLM2-135M, temperature 0;
+`groups` names which turns replay together, in the batch they were replayed in)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "offline_drafting.py"
+DATA = ROOT / "tests" / "data" / "tool_calls_turns.json"
+DELTA = 0.05
+
+
+@pytest.fixture(scope="module")
+def offline():
+    spec = importlib.util.spec_from_file_location("offline_drafting", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def captured():
+    return json.loads(DATA.read_text())
+
+
+def _replay(offline, data, group: str, boundary: str, batch: int):
+    """(row, explain notes of every step) of the structure drafter on one captured group."""
+    turns = [dict(data["turns"][i]) for i in data["groups"][group]]
+    structure = offline.structure_drafter(8, data["tools"], explain=True, boundary=boundary)
+    notes = []
+
+    def keep(drafts, truth, key=None, index=0):
+        notes.append(structure.notes[index] if index < len(structure.notes) else {})
+        return 0
+
+    def nothing(histories):
+        return [[] for _ in histories]
+
+    row = offline.simulate(turns, (structure, nothing), batch, trim=offline.GrammarTrim(data["grammars"]),
+                           choose=keep)
+    return row, notes, structure.drafter
+
+
+def _cost(row) -> float:
+    return row["passes"] + DELTA * row["drafted"]
+
+
+def test_no_draft_runs_through_the_turn_end(offline, captured):
+    """Cause "turn end inside a draft": a tree draft priced past `</tool_call>` went on with
+    `<|im_end|>` (the turn's end: accepted, it saves nothing, and the turn is over after it). Only
+    trailing end tokens were dropped; a draft that ended `</tool_call><|im_end|>` after the grammar
+    trim still paid for it (turns 66 and 70: 140 drafted tokens against the wall's 138)."""
+    wall, _, _ = _replay(offline, captured, "end_token", "wall", batch=2)
+    price, notes, drafter = _replay(offline, captured, "end_token", "price", batch=2)
+    assert not any(drafter.end_ids.intersection(n.get("sent") or []) for n in notes)
+    assert not any(n.get("chosen") is not None and drafter.end_ids.intersection(n["chosen"].tokens)
+                   for n in notes)
+    assert price["drafted"] <= wall["drafted"] and _cost(price) <= _cost(wall)
+
+
+def test_tree_tokens_inside_the_segment_are_not_priced_as_crossing(offline, captured):
+    """Cause "forced text continued in-segment as cross": after forced `first_name":"` the tree's
+    in-segment guess `Michael","last_` was appended as source `cross` (turn 52: 4 tokens verified
+    and rejected). Own is continued only where it ends at its segment's end: in a tool call, a
+    draft's `cross` tokens come right after `</tool_call>`."""
+    wall, _, _ = _replay(offline, captured, "forced_then_tree", "wall", batch=8)
+    price, notes, drafter = _replay(offline, captured, "forced_then_tree", "price", batch=8)
+    for n in notes:
+        chosen = n.get("chosen")
+        if chosen is None or "cross" not in chosen.sources or chosen.source in ("suffix", "cross"):
+            continue
+        first = chosen.sources.index("cross")
+        before = b"".join(drafter.token_bytes[t] for t in chosen.tokens[:first]).decode("utf-8", "replace")
+        assert before.endswith("</tool_call>"), before
+    assert _cost(price) <= _cost(wall)
+
+
+def test_source_choice_weighs_what_the_budget_sends(offline, captured):
+    """Cause "tree chosen for tokens the budget withholds": priced past the segment end, a tree draft
+    (`tool` + `call>` as cross) outweighed own's lookup `tool_call` by expected length, then the
+    budget sent only `tool` (turn 15: one pass more). The choice now weighs each candidate by the
+    tokens the budget would send at this step's price (turns 8-15: price 45.05 against wall 44.15
+    before)."""
+    wall, _, _ = _replay(offline, captured, "priced_choice", "wall", batch=8)
+    price, notes, drafter = _replay(offline, captured, "priced_choice", "price", batch=8)
+    assert _cost(price) <= _cost(wall)
+    for n in notes:  # a chosen tree draft is worth at least own's, as sent
+        own, tree = n.get("own"), n.get("tree")
+        if n.get("rule") == "tree" and own is not None:
+            assert drafter._worth(tree) > drafter._worth(own)
+
+
+def test_worth_counts_only_the_tokens_the_budget_sends(offline, captured):
+    from agentspec_sdk.drafting.rows import Candidate
+
+    drafter = offline.structure_drafter(8, [], boundary="price").drafter
+    drafter.row_price = 0.3
+    tree = Candidate([1, 2, 3], ["suffix", "cross", "cross"], "reasoning", "R", [0.9, 0.2, 0.9])
+    # 0.9 is sent; 0.9 * 0.2 = 0.18 < 0.3 is not, nor anything after it
+    assert drafter._worth(tree) == pytest.approx(0.9)
+    assert drafter._expected(tree) == pytest.approx(0.9 + 0.18 + 0.162)
+
+
+CODE = ROOT / "tests" / "data" / "code_turns.json"
+
+
+def test_acceptance_is_learned_per_segment_kind_on_code_turns(offline):
+    """Cause "one class, two kinds" (code_agent: `reasoning` and `code` are both class R): a lookup in
+    the code block copies the task's signature and docstring and is accepted whole, a lookup in the
+    reasoning copies prose and is rejected. Learned over the class, the code block's lookups made
+    the reasoning's 8 tokens long (31 captured turns: 806.0 against 793.9 before turn-end tokens were
+    cut, which had hidden it: first-token `<|im_end|>` lookups, grammar-trimmed to nothing, counted as
+    rejections). Keyed by (class, source, kind), the two are priced apart."""
+    from agentspec_sdk.law.estimators import OnlineAcceptance
+
+    data = json.loads(CODE.read_text())
+
+    def replay():
+        structure = offline.structure_drafter(8, data["tools"])
+        row = offline.simulate([dict(t) for t in data["turns"]], structure, 8,
+                               trim=offline.GrammarTrim(data["grammars"]))
+        return row, structure.drafter.accounting.acceptance
+
+    keyed, acc = replay()
+    assert acc.alpha("R", "lookup", "code") > acc.alpha("R", "lookup", "reasoning") + 0.2
+    alpha = OnlineAcceptance.alpha
+    try:  # the same replay with the acceptance pooled over kinds (the class's, as before)
+        OnlineAcceptance.alpha = lambda self, cls, source=None, kind=None: alpha(self, cls, source)
+        pooled, _ = replay()
+    finally:
+        OnlineAcceptance.alpha = alpha
+    assert _cost(keyed) < _cost(pooled) - 5
