@@ -22,8 +22,9 @@ from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, check_form
 from agentspec_sdk.structure.formats import AgentFormat, LawClass, SegmentKind, register_format
 
 # The env kind's marker never occurs in text: the segmenter cannot build a scanner for a format
-# without any marker, and the proposer picks a row's format by counting open markers in the prompt
-# (drafting.drafter.pick_format), so a marker that prompts contain would claim every row.
+# without any marker, and the proposer's choice of a row's format counts open markers in the prompt
+# after its other evidence (structure.format_detect.prompt_format), so a marker that prompts contain
+# would claim rows of other formats.
 PROSE_END = "<|end_of_prose|>"
 PROSE = AgentFormat(name="prose", description="Answer in plain prose.", initial="prose",
                     kinds=(SegmentKind("prose", LawClass.F, "model"),

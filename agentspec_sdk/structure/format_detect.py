@@ -63,8 +63,8 @@ def prompt_format(prompt_text: str, formats: Sequence[AgentFormat]) -> AgentForm
     """The format among `formats` that `prompt_text` asks for; ties go to the earlier one.
 
     Evidence, strongest first:
-    1. the format's own instructions, verbatim (our prompts carry them wherever the model's template
-       does not render tools; `prompts.format_instructions`);
+    1. the format's own instructions (or, without any, its description), verbatim: our prompts carry
+       them wherever the model's template does not render tools (`prompts.format_instructions`);
     2. the native format a template's rendered text declares (`detect_format` on the prompt), when it is
        one of `formats` (a template that renders tools writes its own system text and earlier calls);
     3. how often the prompt holds the format's open markers. Anchored markers (``{``, ``[``) open a call
@@ -80,7 +80,9 @@ def prompt_format(prompt_text: str, formats: Sequence[AgentFormat]) -> AgentForm
     def markers(fmt: AgentFormat) -> int:
         return sum(prompt_text.count(m) for k in fmt.kinds if not k.anchored for m in k.open)
 
-    instructed = [f for f in formats if f.instructions and f.instructions in prompt_text]
+    # the text `prompts.format_instructions` writes for the format (its instructions, else its description)
+    instructed = [f for f in formats if (f.instructions or f.description)
+                  and (f.instructions or f.description) in prompt_text]
     if instructed:
         return max(instructed, key=markers)
     declared = detect_format(prompt_text, ())
