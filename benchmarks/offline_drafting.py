@@ -429,7 +429,7 @@ def pay_cause(note: dict, a_st: int) -> tuple[str, str]:
 
 
 def explain_rows(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int,
-                 label: str, boundary: str = "wall") -> tuple[list[dict], dict]:
+                 label: str, boundary: str = "price") -> tuple[list[dict], dict]:
     """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row."""
     structure = structure_drafter(gamma, tools, explain=True, boundary=boundary)
     explainer = Explainer(structure, turns, label)
@@ -484,7 +484,7 @@ def explain_table(rows: list[dict]) -> str:
 
 
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
-                      boundary: str = "wall", **plan_fields):
+                      boundary: str = "price", **plan_fields):
     """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
     (the drafter before they became one of its sources); `plan_fields`: other DraftPlan fields
     (e.g. delta_ctx=0: every row priced alike)."""
@@ -638,8 +638,8 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     rows["ngram"] = simulate(turns, ngram_drafter(gamma), batch, trim=trim())
     rows["suffix"] = simulate(turns, SuffixDrafter(gamma), batch, trim=trim())
     rows["structure"] = simulate(turns, structure(), batch, trim=trim())
-    rows["structure-price"] = simulate(turns, structure_drafter(gamma, tools, boundary="price"), batch,
-                                       trim=trim())
+    rows["structure-wall"] = simulate(turns, structure_drafter(gamma, tools, boundary="wall"), batch,
+                                      trim=trim())
     tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim)
     rows["suffix-tuned"] = {**tuned, "knobs": knobs}
     if not quick:
@@ -693,7 +693,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="without the structure-plain and union rows")
     ap.add_argument("--explain", action="store_true",
                     help="classify every step where suffix's draft beats structure's (see Explainer)")
-    ap.add_argument("--boundary", default="wall", choices=("wall", "price"),
+    ap.add_argument("--boundary", default="price", choices=("wall", "price"),
                     help="--explain: the structure drafter's plan boundary")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

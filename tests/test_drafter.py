@@ -330,7 +330,8 @@ def test_ablation_without_isolation_drafts_across_segments(tok):
     prompt = _prompt(tok, "hi")
     msgs_out = '<tool_call>{"name": "a", "arguments": {}}</tool_call>\nThen more text here.'
     ids = tok.encode(prompt + msgs_out + ' <tool_call>{"name": "a", "arguments": {}}</tool')
-    iso = StructureDrafter(DraftPlan(tools=[]), tok).propose([RowInput(np.array(ids))])[0]
+    # the wall: the draft stops at the segment end (boundary "price", the default, may price past it)
+    iso = StructureDrafter(DraftPlan(tools=[], boundary="wall"), tok).propose([RowInput(np.array(ids))])[0]
     free = StructureDrafter(DraftPlan(tools=[], isolation=False), tok).propose([RowInput(np.array(ids))])[0]
     assert tok.decode(iso) == "_call>"
     assert tok.decode(free).startswith("_call>\nThen")

@@ -202,7 +202,7 @@ def test_segment_cut_loss_on_captured_react_turns(offline, react_turns):
     assert price_lost.get("segment cut", 0) <= wall_lost["segment cut"] / 3
     assert price["passes"] < wall["passes"]
     # the explainer never changes what is drafted: the row is the structure drafter's own
-    alone = offline.structure_drafter(8, react_turns["tools"])
+    alone = offline.structure_drafter(8, react_turns["tools"], boundary="wall")
     plain = offline.simulate(react_turns["turns"], alone, batch=8)
     assert (plain["passes"], plain["drafted"], plain["accepted"]) == \
         (wall["passes"], wall["drafted"], wall["accepted"])

@@ -132,7 +132,7 @@ def test_boundary_price_switch(tok):
     tokens past the end (the `<tool_call>` A wrote next) stay in the candidate as source "cross",
     worth their confidence times the class's learned acceptance (here the prior, R 0.45), and are
     sent where that pays: at delta 0.02 (price 0.04 per row of 2) they are, at delta 0.3 (0.46) not."""
-    wall, wall_pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False))
+    wall, wall_pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="wall"))
     assert "<tool_call>" not in tok.decode(wall) and "cross" not in wall_pending.sources
     cheap, pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="price"))
     assert cheap == truth[:len(cheap)] and len(cheap) > len(wall)
