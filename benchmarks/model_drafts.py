@@ -92,6 +92,46 @@ def summarize(mode: str, layers: int | None, out: dict, off: dict | None, gamma:
     return row
 
 
+# the declared platform (docs/law.md): one H200, a 32B target and a 4B same-family draft; a draft pass
+# costs about η × 4/32 of a target pass (memory-bound decode, η the draft's efficiency against the
+# target's): d ≈ η/8. δ: the plan's prior (verify cost of one more token per row, in target passes).
+H200_D = {"eta=1": 1 / 8, "eta=0.5": 1 / 16}
+DELTA = 0.02
+
+
+def law_table(rows: list[dict], gamma: int) -> list[dict]:
+    """Per speculative run: cost = passes + d̂·drafted (d̂: the run's measured d; 0 for the model-free
+    drafters, whose time is in the wall clock only), the law's speedup (τ+1)/(1+γ̄(δ+d)) from the run's
+    own τ (accepted per round) and γ̄ (drafted per round) against the measured decode tok/s ratio, and
+    the law's prediction for the declared platform from the same τ and γ̄ (model drafts at d ≈ η/8)."""
+    from agentspec_sdk.law.closed_forms import speedup
+
+    off = next((r for r in rows if r["mode"] == "off"), None)
+    out = []
+    for r in rows:
+        if r["mode"] == "off":
+            continue
+        rounds = sum(c.get("rounds", 0) for c in (r.get("by_class") or {}).values())
+        d = r.get("d") or 0.0
+        is_model = r.get("model_draft_step_s") is not None
+        tau = r["accepted"] / rounds if rounds else None
+        g = r["drafted"] / rounds if rounds else None
+        row = {"mode": r["mode"], "layers": r["layers"], "passes": r["passes"], "drafted": r["drafted"],
+               "accepted": r["accepted"], "d": d if is_model else None,
+               "cost": r["passes"] + d * r["drafted"],
+               "cost_005": r["passes"] + 0.05 * r["drafted"], "tau": tau, "gamma_bar": g,
+               "tok_s": r["tok_s"]}
+        if off is not None:
+            row["cost_speedup"] = off["output_tokens"] / row["cost"] if row["cost"] else None
+            row["measured_speedup"] = r["tok_s"] / off["tok_s"] if off["tok_s"] else None
+        if tau is not None:
+            row["law_speedup"] = float(speedup(g, tau, DELTA, d))
+            row["h200_prediction"] = {k: float(speedup(g, tau, DELTA, v if is_model else 0.0))
+                                      for k, v in H200_D.items()}
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default="4,8,12", help="draft depths measured with speculation=draft_model")
@@ -120,7 +160,11 @@ def main() -> None:
         rows.append(summarize(mode, k, out, off if mode != "off" else None, args.gamma))
         shown = {k2: v for k2, v in rows[-1].items() if k2 != "by_source"}
         print(json.dumps(shown), f"({time.time() - started:.0f} s)", flush=True)
-    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=1))
+    law = law_table(rows, args.gamma)
+    for r in law:
+        print(json.dumps(r), flush=True)
+    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": rows, "law": law},
+                                   indent=1))
 
 
 if __name__ == "__main__":
