@@ -100,34 +100,38 @@ DELTA = 0.02
 
 
 def law_table(rows: list[dict], gamma: int) -> list[dict]:
-    """Per speculative run: cost = passes + d̂·drafted (d̂: the run's measured d; 0 for the model-free
-    drafters, whose time is in the wall clock only), the law's speedup (τ+1)/(1+γ̄(δ+d)) from the run's
-    own τ (accepted per round) and γ̄ (drafted per round) against the measured decode tok/s ratio, and
-    the law's prediction for the declared platform from the same τ and γ̄ (model drafts at d ≈ η/8)."""
-    from agentspec_sdk.law.closed_forms import speedup
-
+    """Per speculative run, from the run's own rounds (records): τ = accepted per round, γ̄ = sent per
+    round. d = (draft-model time per step ÷ γ) ÷ c_T with c_T the off engine's mean decode pass (one
+    target pass, no drafts). A model drafter spends γ draft passes per row-pass whatever is sent, so
+    its drafted tokens are γ · passes. cost = passes + d · that; the law's speedup is
+    (τ+1) / (1 + γ̄ δ + γ_m d) (γ_m = γ for a model drafter, 0 otherwise) against the cost speedup and
+    the measured decode tok/s ratio; the declared platform's prediction takes the same τ, γ̄ at
+    d ≈ η/8 (H200_D)."""
     off = next((r for r in rows if r["mode"] == "off"), None)
+    c_t = off.get("mean_decode_pass_s") if off else None
     out = []
     for r in rows:
         if r["mode"] == "off":
             continue
-        rounds = sum(c.get("rounds", 0) for c in (r.get("by_class") or {}).values())
-        d = r.get("d") or 0.0
-        is_model = r.get("model_draft_step_s") is not None
-        tau = r["accepted"] / rounds if rounds else None
-        g = r["drafted"] / rounds if rounds else None
+        model = r.get("model_draft_step_s") is not None
+        d = r["model_draft_step_s"] / gamma / c_t if model and c_t else 0.0
+        model_drafted = gamma * r["passes"] if model else 0
+        classes = (r.get("by_class") or {}).values()
+        rounds = sum(c.get("rounds", 0) for c in classes)
+        tau = sum(c.get("accepted", 0) for c in classes) / rounds if rounds else None
+        g = sum(c.get("drafted", 0) for c in classes) / rounds if rounds else None
+        cost = r["passes"] + d * model_drafted
         row = {"mode": r["mode"], "layers": r["layers"], "passes": r["passes"], "drafted": r["drafted"],
-               "accepted": r["accepted"], "d": d if is_model else None,
-               "cost": r["passes"] + d * r["drafted"],
-               "cost_005": r["passes"] + 0.05 * r["drafted"], "tau": tau, "gamma_bar": g,
+               "accepted": r["accepted"], "model_drafted": model_drafted, "d": d if model else None,
+               "cost": cost, "cost_005": r["passes"] + 0.05 * r["drafted"], "tau": tau, "gamma_bar": g,
                "tok_s": r["tok_s"]}
         if off is not None:
-            row["cost_speedup"] = off["output_tokens"] / row["cost"] if row["cost"] else None
+            row["cost_speedup"] = off["output_tokens"] / cost if cost else None
             row["measured_speedup"] = r["tok_s"] / off["tok_s"] if off["tok_s"] else None
         if tau is not None:
-            row["law_speedup"] = float(speedup(g, tau, DELTA, d))
-            row["h200_prediction"] = {k: float(speedup(g, tau, DELTA, v if is_model else 0.0))
-                                      for k, v in H200_D.items()}
+            g_m = gamma if model else 0
+            row["law_speedup"] = (tau + 1) / (1 + g * DELTA + g_m * d)
+            row["h200_prediction"] = {k: (tau + 1) / (1 + g * DELTA + g_m * v) for k, v in H200_D.items()}
         out.append(row)
     return out
 
