@@ -286,7 +286,9 @@ from agentspec_sdk.bfcl import tool_call_prompts
 if __name__ == "__main__":
     mode, draft, n, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     prompts = tool_call_prompts(n)
-    with Engine(speculation=mode, draft_model=draft, gamma_max=8) as engine:
+    # the session engines' settings (tests/conftest.py ENGINE_SETTINGS): comparable with engine_off
+    with Engine(speculation=mode, draft_model=draft, gamma_max=8, max_model_len=2048, kv_cache_gb=1.0,
+                seed=0) as engine:
         results = engine.generate([TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call",
                                                max_tokens=max_tokens, request_id=p.id) for p in prompts])
         layer = engine.proposer()
