@@ -35,7 +35,7 @@ from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.turn_sampling import TurnSampling
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
-from agentspec_sdk.backends.vllm_hybrid import LAYER_ATTR
+from agentspec_sdk.backends.vllm_hybrid import LAYER_ATTR, require_layer
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
@@ -109,10 +109,7 @@ class Engine(EngineBase):
         self._sampling = TurnSampling()
         self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path)
         self._engine = self._llm.llm_engine
-        if speculation in MODEL_DRAFTERS and cfg.in_process and self.proposer() is None:
-            self._engine.engine_core.shutdown()
-            raise BackendError(f"speculation={speculation!r}: vLLM started without the model-drafter layer "
-                               "on its runner (not the V1 GPUModelRunner?)")
+        require_layer(self)  # model drafter modes: our layer must be on vLLM's runner
         # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.
         drafter = self.proposer() if speculation in STOCK else None
         self._observer = StockDraftObserver(drafter, speculation, self.records_path,
@@ -354,9 +351,7 @@ class Engine(EngineBase):
             runner = core.model_executor.driver_worker.worker.model_runner
         except AttributeError:
             return None
-        if self.speculation in MODEL_DRAFTERS:
-            return getattr(runner, LAYER_ATTR, None)
-        return getattr(runner, "drafter", None)
+        return getattr(runner, LAYER_ATTR if self.speculation in MODEL_DRAFTERS else "drafter", None)
 
     def close(self) -> None:
         if self._closing:

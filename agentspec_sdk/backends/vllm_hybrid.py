@@ -15,11 +15,14 @@ engine starts) and wraps two methods of the V1 `GPUModelRunner` (the CPU runner 
                             `hand_over` gives vLLM ragged lists (sync scheduling) or a −1-padded
                             tensor, and replaces the draft probabilities of replaced rows
 
-Draft probabilities: vLLM 0.32's runner hands the rejection sampler `_draft_probs` only when the
-drafter has `take_last_draft_probs()`, and no proposer in 0.32 defines it (draft_model included):
-draft tokens are verified as deterministic proposals (`draft_probs=None`). Should a drafter give
-them, a replaced row's distribution is set to the one-hot of the token we sent — exactly what
-`draft_probs=None` means for a deterministic draft — so probabilistic verification stays exact.
+Draft probabilities: vLLM 0.32's runner hands the rejection sampler `_draft_probs` (`[batch, k,
+vocab]`) when the drafter's `take_last_draft_probs()` gives them. The draft model's proposer
+(`SpecDecodeBaseProposer`) does only with `draft_sample_method="probabilistic"` (and the standard
+rejection sampler) at temperature > 0; with the default `"greedy"` its drafts are argmax tokens, no
+probabilities are kept, and every draft is verified as a deterministic proposal (`draft_probs=None`).
+Where probabilities come, a replaced row's are set to the one-hot of the tokens we sent — what
+`draft_probs=None` means for a deterministic draft — and a model row keeps the model's, so
+probabilistic verification stays exact.
 """
 
 from __future__ import annotations
@@ -91,6 +94,17 @@ def check_layout(version: str | None = None, runner_cls=None) -> None:
     if params != PROPOSE_PARAMS:
         raise BackendError(f"{where}: {runner_cls.__name__}.propose_draft_token_ids{params} is not the "
                            f"signature the model-drafter layer wraps {PROPOSE_PARAMS}")
+
+
+def require_layer(engine) -> None:
+    """An in-process engine of a model drafter mode whose vLLM came up without our layer on its runner
+    (another runner than the V1 GPUModelRunner's family) is shut down with a BackendError."""
+    from agentspec_sdk.backends.engine_config import MODEL_DRAFTERS
+
+    if engine.speculation in MODEL_DRAFTERS and engine.config.in_process and engine.proposer() is None:
+        engine._engine.engine_core.shutdown()
+        raise BackendError(f"speculation={engine.speculation!r}: vLLM started without the model-drafter "
+                           "layer on its runner (not the V1 GPUModelRunner?)")
 
 
 def patch_runner(runner_cls) -> None:
