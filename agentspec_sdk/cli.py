@@ -1,4 +1,4 @@
-"""The `agentspec` command: demo, bench, record, replay, law, coverage, serve.
+"""The `agentspec` command: demo, bench, record, replay, law, coverage, serve, draft.
 
 Sub-commands live beside the code they drive; vLLM is imported only when an engine is built."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typer
 
+from agentspec_sdk.backends.draft_cli import app as draft_app
 from agentspec_sdk.backends.serve_cli import serve
 from agentspec_sdk.coverage.cli import coverage
 from agentspec_sdk.law.cli import app as law_app
@@ -15,6 +16,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 for command in (demo, bench, record, replay, coverage, serve):
     app.command(command.__name__)(command)
 app.add_typer(law_app, name="law")
+app.add_typer(draft_app, name="draft")
 
 
 def main() -> None:

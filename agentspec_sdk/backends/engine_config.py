@@ -19,7 +19,12 @@ from agentspec_sdk.errors import BackendError
 from agentspec_sdk.structure.formats import AgentFormat
 from agentspec_sdk.structure.tools import ToolRegistry
 
-SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model")
+SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model", "draft_model+cut",
+               "structure+draft_model")
+# vLLM's draft_model method under our layer (backends.vllm_hybrid), by the layer's mode
+# (drafting.hybrid.MODEL_MODES): the model's drafts untouched (recorded per class), cut at the segment
+# end, or cut and weighed per row against the structure drafter's
+MODEL_DRAFTERS = {"draft_model": "observe", "draft_model+cut": "cut", "structure+draft_model": "hybrid"}
 ABLATIONS = (None, "no_budget", "no_isolation")
 STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
 PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"  # vLLM's custom_class speculator
@@ -117,7 +122,7 @@ class EngineConfig:
     speculation: str = "off"  # one of SPECULATION
     gamma_max: int = 8  # draft tokens per step at most (vLLM's num_speculative_tokens)
     step_budget: int | None = None  # draft tokens per step over all rows (None: no budget)
-    draft_model: str | None = None  # speculation="draft_model": the draft model
+    draft_model: str | None = None  # speculation in MODEL_DRAFTERS: the draft model (HF folder or id)
     formats: Sequence[str | AgentFormat] | None = None  # None: every known format
     tools: ToolRegistry | list | None = None  # tools known from the start (more register per request)
     enable_prefix_caching: bool = True
@@ -146,8 +151,12 @@ class EngineConfig:
             raise BackendError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
         if self.speculation == "suffix":
             require_suffix_decoding()
-        if self.speculation == "draft_model" and not self.draft_model:
-            raise BackendError("speculation='draft_model' needs draft_model=<HF folder or id>")
+        if self.speculation in MODEL_DRAFTERS and not self.draft_model:
+            raise BackendError(f"speculation={self.speculation!r} needs draft_model=<HF folder or id> "
+                               "(`agentspec draft make --layers K` writes one)")
+        if self.draft_model and self.speculation not in MODEL_DRAFTERS:
+            raise BackendError(f"draft_model applies to speculation {sorted(MODEL_DRAFTERS)} only, not "
+                               f"{self.speculation!r}")
         if not isinstance(self.gamma_max, int) or not 1 <= self.gamma_max <= 64:
             raise BackendError(f"gamma_max must be an integer in [1, 64], got {self.gamma_max!r}")
         check_block_size(self.block_size)

@@ -1,4 +1,5 @@
-"""The embedded engine: `vllm.LLM` with off | ngram | suffix | structure | draft_model speculation.
+"""The embedded engine: `vllm.LLM` with off | ngram | suffix | structure | draft_model (| +cut |
+structure+draft_model) speculation.
 
 One background thread owns vLLM's `LLMEngine` (add_request / step); `submit()` from any thread or
 agent queues a turn, so turns that arrive at different times share batches. Each turn carries its
@@ -25,7 +26,7 @@ from typing import Any
 
 from agentspec_sdk.backends.chat_template import ChatTemplate
 from agentspec_sdk.backends.contract import EngineBase
-from agentspec_sdk.backends.engine_config import STOCK, EngineConfig
+from agentspec_sdk.backends.engine_config import MODEL_DRAFTERS, STOCK, EngineConfig
 from agentspec_sdk.backends.engine_totals import EngineTotals
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.pass_log import PassLog
@@ -35,6 +36,7 @@ from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.turn_sampling import TurnSampling
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
+from agentspec_sdk.backends.vllm_hybrid import LAYER_ATTR, require_layer
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
@@ -107,6 +109,7 @@ class Engine(EngineBase):
         self._sampling = TurnSampling()
         self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path)
         self._engine = self._llm.llm_engine
+        require_layer(self)  # model drafter modes: our layer must be on vLLM's runner
         # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.
         drafter = self.proposer() if speculation in STOCK else None
         self._observer = StockDraftObserver(drafter, speculation, self.records_path,
@@ -286,7 +289,8 @@ class Engine(EngineBase):
         prompt_ids = list(out.prompt_token_ids or live.prompt_ids)
         token_ids = list(comp.token_ids)
         self._tail.poll()
-        records = self._tail.claim(prompt_ids, token_ids) if self.speculation in ("structure", *STOCK) else []
+        records = (self._tail.claim(prompt_ids, token_ids)
+                   if self.speculation in ("structure", *STOCK, *MODEL_DRAFTERS) else [])
         spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
         settle_against_vllm(records, len(token_ids), spec)
         spans = segment(live.fmt, comp.text)
@@ -345,12 +349,14 @@ class Engine(EngineBase):
         return self._passes.entries(start, end)
 
     def proposer(self):
-        """The in-process proposer object (None when vLLM runs its engine core in another process)."""
+        """The in-process proposer object (None when vLLM runs its engine core in another process);
+        for the model drafter modes our layer over vLLM's draft model (backends.vllm_hybrid)."""
         try:
             core = self._engine.engine_core.engine_core
-            return core.model_executor.driver_worker.worker.model_runner.drafter
+            runner = core.model_executor.driver_worker.worker.model_runner
         except AttributeError:
             return None
+        return getattr(runner, LAYER_ATTR if self.speculation in MODEL_DRAFTERS else "drafter", None)
 
     def close(self) -> None:
         if self._closing:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from agentspec_sdk.backends.prom_metrics import proposer_metrics
 from agentspec_sdk.drafting.drafter import StructureDrafter
+from agentspec_sdk.drafting.hybrid import HybridDrafter
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
 from agentspec_sdk.drafting.rows import RowInput
 
@@ -35,14 +36,21 @@ KEEP_ROUNDS = 10_000  # rounds kept in memory for in-process inspection; counter
 
 
 class AgentSpecProposer:
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config, model_mode: str | None = None):
+        """`model_mode` (one of drafting.hybrid.MODEL_MODES): the structure layer over vLLM's draft
+        model (backends.vllm_hybrid); `propose` then takes the model's drafts per row."""
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         plan_path = os.environ.get(PLAN_ENV)
         plan = DraftPlan.from_env()  # PlanError names the variable / file when missing
         tokenizer = _load_tokenizer(plan.tokenizer or vllm_config.model_config.tokenizer)
-        self.drafter = StructureDrafter(plan, tokenizer, plan_path=plan_path)
+        self.model_mode = model_mode
+        self.drafter = (HybridDrafter(plan, tokenizer, mode=model_mode, plan_path=plan_path) if model_mode
+                        else StructureDrafter(plan, tokenizer, plan_path=plan_path))
+        self.replaced: list[bool] = []  # model_mode: per row of the last step, draft not the model's
+        self.model_seconds = 0.0  # model_mode: time in vLLM's draft model (measured by vllm_hybrid)
+        self.model_steps = 0
         self.drafter.accounting.keep = KEEP_ROUNDS
         self.metrics = proposer_metrics()
         self.drafter.accounting.observer = self.metrics
@@ -54,7 +62,7 @@ class AgentSpecProposer:
         """No model: drafts come from structure, grammar and lookup."""
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None,
-                **kwargs) -> list[list[int]]:
+                model_drafts=None, **kwargs) -> list[list[int]]:
         started = time.perf_counter()
         n = len(sampled_token_ids)
         # basic slicing inside history(): views, no copies
@@ -62,7 +70,10 @@ class AgentSpecProposer:
                          len(sampled_token_ids[i])) for i in range(n)]
         acc = self.drafter.accounting
         rebuilds, row_errors, batch_errors = acc.rebuilds, acc.errors, acc.batch_errors
-        drafts = self.drafter.propose(rows)  # never raises: a failing step gives no drafts
+        if self.model_mode:  # never raises either; `replaced`: rows whose draft is not the model's
+            drafts, self.replaced = self.drafter.propose(rows, model_drafts)
+        else:
+            drafts = self.drafter.propose(rows)  # never raises: a failing step gives no drafts
         drafts = [self._clip(d, r.num_tokens) for d, r in zip(drafts, rows, strict=True)]
         self._log_drafts(drafts)
         batch_error = acc.batch_errors > batch_errors
@@ -117,6 +128,8 @@ class AgentSpecProposer:
         out = self.drafter.stats()  # batch_errors included
         out["adapter_steps"] = self.steps
         out["adapter_s"] = self.seconds
+        if self.model_mode:
+            out["model_draft_s"], out["model_draft_steps"] = self.model_seconds, self.model_steps
         return out
 
 

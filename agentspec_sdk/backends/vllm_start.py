@@ -9,12 +9,14 @@ from typing import Any
 
 from agentspec_sdk.backends.engine_config import (
     CPU_BLOCK_SIZE,
+    MODEL_DRAFTERS,
     PROPOSER_CLASS,
     STOCK,
     EngineConfig,
     stock_speculative_config,
 )
 from agentspec_sdk.backends.model_bundle import resolve_model
+from agentspec_sdk.backends.vllm_hybrid import MODE_ENV, check_layout, register
 from agentspec_sdk.drafting.plan import PLAN_ENV
 
 __all__ = ["speculative_config", "start_llm", "default_dtype", "default_block_size"]
@@ -29,7 +31,8 @@ def speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, Any] | No
                                         suffix_min_token_prob=cfg.suffix_min_token_prob)
     if cfg.speculation == "structure":
         return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": gamma_max}
-    if cfg.speculation == "draft_model":
+    if cfg.speculation in MODEL_DRAFTERS:
+        # vLLM 0.32 runs draft models on its padded drafter path only (the layer adapts to it)
         return {"method": "draft_model", "model": resolve_model(cfg.draft_model),
                 "num_speculative_tokens": gamma_max}
     return None
@@ -47,11 +50,19 @@ def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int,
     spec = speculative_config(cfg, gamma_max)
     block = cfg.block_size or default_block_size()
     extra = {"block_size": block} if block else {}
-    previous = os.environ.get(PLAN_ENV)
+    # restored after the start: they matter only while vLLM builds its engine (in this process)
+    previous = {k: os.environ.get(k) for k in (PLAN_ENV, MODE_ENV, "VLLM_USE_V2_MODEL_RUNNER")}
+    extra.update(_model_drafter_setup(cfg))
     os.environ[PLAN_ENV] = str(plan_path)
+    if cfg.speculation in MODEL_DRAFTERS:
+        os.environ[MODE_ENV] = MODEL_DRAFTERS[cfg.speculation]
+    else:
+        os.environ.pop(MODE_ENV, None)
     try:
         from vllm import LLM
 
+        if cfg.speculation in MODEL_DRAFTERS:
+            register()  # what the entry point does in a separate vLLM process
         return LLM(model=model, dtype=cfg.dtype or default_dtype(), max_model_len=max_model_len,
                    enable_prefix_caching=cfg.enable_prefix_caching, seed=cfg.seed,
                    max_num_seqs=cfg.max_num_seqs, **extra,
@@ -59,10 +70,22 @@ def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int,
                    per_request_spec_decode_metrics="detailed" if spec else "none",
                    disable_log_stats=False, enforce_eager=cfg.enforce_eager)
     finally:
-        if previous is None:
-            os.environ.pop(PLAN_ENV, None)
-        else:
-            os.environ[PLAN_ENV] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _model_drafter_setup(cfg: EngineConfig) -> dict[str, Any]:
+    """Model drafter modes: the vLLM layout our layer patches is checked before anything starts
+    (BackendError naming the version), and the scheduler is synchronous: our drafter reads the CPU
+    token histories, which async scheduling fills with placeholders, and hands over ragged lists."""
+    if cfg.speculation not in MODEL_DRAFTERS:
+        return {}
+    check_layout()
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # the V1 runner is the one patched
+    return {"async_scheduling": False}
 
 
 def default_dtype() -> str:

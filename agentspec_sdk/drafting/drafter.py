@@ -188,7 +188,7 @@ class StructureDrafter(CandidateBuilder):
                     self._resolve(st, ids, row.sampled)
                     st.advance(ids)
                 self.row_price = float(self._prices(len(rows), [st.n])[0])  # what sizing will charge
-                candidates[i] = self._candidate(st, notes[i] if notes is not None else None)
+                candidates[i] = self._row_candidate(i, st, notes[i] if notes is not None else None)
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1
                 states[i] = None
@@ -218,6 +218,10 @@ class StructureDrafter(CandidateBuilder):
                                       if k and c.law_class == "S"))}
         self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
         return drafts
+
+    def _row_candidate(self, i: int, st: RowState, note: dict | None) -> Candidate | None:
+        """Batch row `i`'s candidate (a subclass may weigh another source per row: drafting.hybrid)."""
+        return self._candidate(st, note)
 
     def _match_rows(self, rows: Sequence[RowInput]) -> list[RowState | None]:
         old = self._rows

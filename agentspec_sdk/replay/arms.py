@@ -40,7 +40,13 @@ MODES = {
     "structure": {"speculation": "structure"},
     "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
     "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
+    # vLLM's draft_model method with the layer-truncated draft (`agentspec draft make`, made on first
+    # use): alone, cut at segment ends (the ablation of mechanism 1), and the full hybrid
+    "draft_model": {"speculation": "draft_model"},
+    "draft_model+cut": {"speculation": "draft_model+cut"},
+    "structure+draft_model": {"speculation": "structure+draft_model"},
 }
+MODEL_DRAFT_MODES = ("draft_model", "draft_model+cut", "structure+draft_model")
 # (max_spec_factor, min_token_prob) of `suffix-tuned`: the best of benchmarks/offline_drafting.py's grid
 # on the bundled tool_calls and code_agent traces (react: (4, 0.1); long_context: (2, 0.3); docs/drafting.md)
 SUFFIX_TUNED = (4.0, 0.3)
@@ -165,6 +171,10 @@ def engine_kwargs(mode: str, gamma: int, suffix_tuned: tuple[float, float] = SUF
     kw = dict(MODES[mode])
     if kw["speculation"] != "off":
         kw["gamma_max"] = gamma
+    if mode in MODEL_DRAFT_MODES:
+        from agentspec_sdk.backends.draft_models import default_draft
+
+        kw["draft_model"] = str(default_draft())
     if mode == "suffix-tuned":
         kw["suffix_max_spec_factor"], kw["suffix_min_token_prob"] = (float(x) for x in suffix_tuned)
     return kw
