@@ -76,7 +76,7 @@ class CandidateBuilder:
             return own
         # only through the boundary: where own stops inside its segment, the tree's further tokens
         # are what the source choice weighed and lost, not a crossing
-        if _inside(self.token_bytes, st.seg, raw) > n:
+        if tokens_inside(self.token_bytes, st.seg, raw) > n:
             return own
         cross = self.accounting.acceptance.alpha(own.law_class, "cross", own.kind)
         return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
@@ -94,7 +94,7 @@ class CandidateBuilder:
         law_class = kind.law_class.value
         sources = ["suffix"] * len(tokens)
         if self.plan.isolation:
-            keep = _inside(self.token_bytes, st.seg, tokens)
+            keep = tokens_inside(self.token_bytes, st.seg, tokens)
             if self.plan.boundary == "price" and keep < len(tokens):
                 cross = self.accounting.acceptance.alpha(law_class, "cross", kind.name)
                 sources[keep:] = ["cross"] * (len(tokens) - keep)
@@ -328,7 +328,7 @@ class CandidateBuilder:
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
 
 
-def _inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:
+def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:
     """How many of `tokens` lie inside the segmenter's current segment (a token holding the boundary
     is out)."""
     pieces = [token_bytes[t] for t in tokens]

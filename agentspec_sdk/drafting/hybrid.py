@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agentspec_sdk.drafting.candidates import tokens_inside
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import Candidate, RowInput, RowState
@@ -71,7 +72,7 @@ class HybridDrafter(StructureDrafter):
         """The model's draft as a candidate of the row's open segment, cut at its end (not in observe)."""
         tokens = tokens[: self.gamma]
         if self.mode != "observe" and tokens:
-            keep = self._inside(st, tokens)
+            keep = tokens_inside(self.token_bytes, st.seg, tokens)
             self.model_cut_tokens += len(tokens) - keep
             tokens = tokens[:keep]
         if not tokens:
@@ -80,13 +81,14 @@ class HybridDrafter(StructureDrafter):
         return Candidate(tokens, [MODEL_SOURCE] * len(tokens), kind.name, kind.law_class.value)
 
     def value(self, cand: Candidate) -> float:
-        """The budget's value of sending the whole candidate: expected accepted tokens minus the
-        price (verify cost + drafter cost, in target passes) of every token sent."""
-        return self._expected(cand) - self.price * len(cand.tokens)
+        """The budget's value of the candidate at this row's price: expected accepted tokens minus the
+        price (verify cost + drafter cost, in target passes) of the tokens the budget would send
+        (`budget.sent_value`, as the structure drafter weighs its own sources)."""
+        return self._worth(cand)
 
-    def _size(self, candidates: list[Candidate | None]) -> list[list[int]]:
+    def _size(self, candidates: list[Candidate | None], contexts=None) -> list[list[int]]:
         if self.mode == "hybrid":
-            return super()._size(candidates)
+            return super()._size(candidates, contexts)
         # observe / cut: the model's (cut) draft as vLLM made it, no budget
         return [list(c.tokens) if c is not None else [] for c in candidates]
 
