@@ -9,6 +9,11 @@ syntax, at temperature 0, all prompts of a format submitted together.
     flock /tmp/agentspec-engine.lock env VLLM_CPU_KVCACHE_SPACE=1 \
         python benchmarks/native_drafting.py [--prompts 6] [--max-tokens 64] [--json out.json]
 
+`--replay FILE` (no engine, a minute): the turns of a `--json` file replayed offline through the
+structure drafter and vLLM's suffix proposer with `offline_drafting.simulate` (greedy verification
+simulated against the recorded outputs, no grammar trim), e.g. to compare two versions of the drafter
+on the same turns (`PYTHONPATH=<other tree>`).
+
 Per format and drafter: the deterministic counts, target passes (Σ output tokens − accepted: every
 pass writes its accepted tokens plus one), drafted and accepted tokens, cost = passes + 0.05·drafted,
 and how many outputs are token-identical between the two drafters (greedy: all should be).
@@ -73,6 +78,45 @@ def run_mode(mode: str, n: int, max_tokens: int, gamma: int) -> dict:
         engine.close()
 
 
+def replay(path: str, n: int, gamma: int) -> dict:
+    """The recorded turns of `path` (its first drafter's outputs) replayed offline, per format."""
+    import offline_drafting as od
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.backends.vllm_engine import prompt_token_ids
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.structure.formats import NATIVE_FORMATS
+    from agentspec_sdk.structure.tools import ToolRegistry
+
+    with open(path, encoding="utf-8") as fh:
+        recorded = next(iter(json.load(fh).values()))
+    model = resolve_model(None)
+    tok = AutoTokenizer.from_pretrained(model)
+    chosen = prompts(n)
+    tools = list({t["function"]["name"]: t for p in chosen for t in p.tools}.values())
+    out = {}
+    for fmt in NATIVE_FORMATS:
+        turns = []
+        for p in chosen:
+            req = TurnRequest(messages=p.messages, tools=p.tools, fmt=fmt.name, tool_choice="call")
+            turns.append({"prompt": prompt_token_ids(tok, req, fmt, ToolRegistry(p.tools), 1 << 20),
+                          "out": recorded[fmt.name]["outputs"][f"{fmt.name}/{p.id}"], "fmt": fmt.name})
+        plan = DraftPlan(formats=list(NATIVE_FORMATS), tools=tools, tokenizer=model, gamma_max=gamma,
+                         learn_delta=False)
+        drafters = {"structure": od.StructureCall(StructureDrafter(plan, tok)),
+                    "suffix": od.SuffixDrafter(gamma)}
+        for mode, propose in drafters.items():
+            r = od.simulate(turns, propose, batch=len(turns), gamma=gamma)
+            out.setdefault(mode, {})[fmt.name] = {
+                "turns": len(turns), "output_tokens": sum(len(t["out"]) for t in turns),
+                "passes": r["passes"], "drafted": r["drafted"], "accepted": r["accepted"],
+                "cost": r["passes"] + DELTA * r["drafted"], "outputs": {}}
+    return out
+
+
 def run_in_subprocess(mode: str, args) -> dict:
     """One engine per process (vLLM 0.32 on CPU does not start a second engine cleanly in one)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +137,7 @@ def table(results: dict, modes: tuple[str, ...] = MODES) -> str:
         ref = results[modes[0]][name]["outputs"]
         for mode in modes:
             r = results[mode][name]
-            same = sum(ids == ref.get(k) for k, ids in r["outputs"].items())
+            same = sum(ids == ref.get(k) for k, ids in r["outputs"].items())  # 0 in a replay
             lines.append(f"{name:<16} {mode:<10} {r['turns']:>5} {r['output_tokens']:>6} {r['passes']:>6} "
                          f"{r['drafted']:>7} {r['accepted']:>8} {r['cost']:>7.1f} {same:>5}")
     return "\n".join(lines)
@@ -106,6 +150,7 @@ def main() -> int:
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES), help="drafters to run (first: the reference)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--replay", metavar="FILE", help="replay a --json file offline (no engine)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # child: run one drafter
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -115,6 +160,10 @@ def main() -> int:
             json.dump(got, fh)
         return 0
     modes = tuple(args.modes.split(","))
+    if args.replay:
+        results = replay(args.replay, args.prompts, args.gamma)
+        print(table(results, tuple(m for m in modes if m in results)))
+        return 0
     results = {}
     for mode in modes:
         print(f"== {mode}", file=sys.stderr, flush=True)
