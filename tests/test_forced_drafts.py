@@ -246,3 +246,72 @@ def test_a_native_format_forces_its_own_call_syntax(tok):
     text = _prompt(tok) + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f'
     assert tok.decode(_draft(drafter, tok, text)).startswith('ahrenheit"}}')
     assert drafter.stats()["errors"] == 0
+
+
+def _canonical(tok, drafter, text):
+    """The draft after `text`, checked to be the tokenizer's own tokenization of its text."""
+    ids = tok.encode(text)
+    draft = drafter.propose([RowInput(np.array(ids, dtype=np.int32))])[0]
+    assert tok.encode(text + tok.decode(draft)) == ids + draft
+    return tok.decode(draft)
+
+
+def _native(fmt, tools=(WEATHER,)):
+    return StructureDrafter(DraftPlan(formats=[fmt], tools=list(tools), gamma_max=16), _native.tok)
+
+
+@pytest.fixture
+def native(tok):
+    _native.tok = tok
+    return _native
+
+
+def test_hermes_forces_the_newline_before_its_close_marker(tok, native):
+    drafter = native("hermes")
+    head = _prompt(tok) + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f'
+    assert _canonical(tok, drafter, head) == 'ahrenheit"}}\n</tool_call>'
+    assert _canonical(tok, drafter, head + 'ahrenheit"}}\n') == "</tool_call>"
+
+
+def test_llama3_json_call_list_is_forced_after_the_tag_or_the_brace(tok, native):
+    drafter = native("llama3_json")
+    # (SmolLM2 writes the tag as text: its `>` and the forced `{"` are separate tokens)
+    assert tok.decode(_draft(drafter, tok, _prompt(tok) + "<|python_tag|>")).startswith(
+        '{"name": "get_weather", "parameters": {"')
+    # without the tag the turn's first `{` opens the list: the draft continues it
+    assert _canonical(tok, drafter, _prompt(tok) + '{"').startswith('name": "get_weather", "parameters": {"')
+    head = _prompt(tok) + '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "f'
+    assert _canonical(tok, drafter, head) == 'ahrenheit"}}'
+    two = native("llama3_json", (WEATHER, TIME))  # after `; ` the next call's head up to the name choice
+    assert _canonical(tok, two, head + 'ahrenheit"}};') == ' {"name": "get_'
+    assert drafter.stats()["errors"] == 0 and two.stats()["errors"] == 0
+
+
+def test_mistral_call_list_is_forced_and_ends_with_the_list(tok, native):
+    drafter = native("mistral")
+    assert tok.decode(_draft(drafter, tok, _prompt(tok) + "[TOOL_CALLS]")).startswith(
+        '[{"name": "get_weather", "arguments": {"')
+    assert _canonical(tok, drafter, _prompt(tok) + '[TOOL_CALLS][{"').startswith('name": "get_weather", "')
+    head = _prompt(tok) + '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f'
+    assert _canonical(tok, drafter, head) == 'ahrenheit"}}'
+    assert _canonical(tok, drafter, head + 'ahrenheit"}},').startswith(' {"name": "get_weather", "arguments')
+    # the list is closed: the turn ends, nothing is drafted
+    assert _canonical(tok, drafter, head + 'ahrenheit"}}]') == ""
+    assert drafter.stats()["errors"] == 0
+
+
+def test_pythonic_call_list_forces_keyword_arguments(tok, native):
+    drafter = native("pythonic")
+    assert _canonical(tok, drafter, _prompt(tok) + "[").startswith('get_weather(city="')
+    head = _prompt(tok) + '[get_weather(city="Oslo", unit="f'
+    assert _canonical(tok, drafter, head) == 'ahrenheit")'
+    assert _canonical(tok, drafter, head + 'ahrenheit"),').startswith(' get_weather(city="')
+    assert drafter.stats()["errors"] == 0
+
+
+def test_gemma_tool_code_block_forces_the_call_and_its_fence(tok, native):
+    drafter = native("gemma_tool_code")
+    assert _canonical(tok, drafter, _prompt(tok) + "```tool_code\n").startswith('get_weather(city="')
+    head = _prompt(tok) + '```tool_code\nget_weather(city="Oslo", unit="f'
+    assert _canonical(tok, drafter, head) == 'ahrenheit")\n```'
+    assert drafter.stats()["errors"] == 0

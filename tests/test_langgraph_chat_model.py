@@ -255,7 +255,7 @@ def test_reasoning_false_makes_a_required_turn_the_call_only():
     assert accepted(CALL_MUL)
     assert not accepted("Let me think. " + CALL_MUL)
     assert not accepted(CALL_MUL + CALL_ADD)
-    with pytest.raises(AgentSpecError, match="reasoning=False needs the 'tool_calls' format, not 'react'"):
+    with pytest.raises(AgentSpecError, match="reasoning=False needs a tool-call format .*not 'react'"):
         ChatAgentSpec(engine=FakeEngine(), fmt="react", reasoning=False).grammar_for(tools, "required")
 
 
@@ -277,3 +277,18 @@ def test_fmt_auto_is_the_engines_format_resolved_once():
     assert engine.requests[0].fmt == "react" and msg.tool_calls[0]["args"] == {"a": 2, "b": 3}
     with pytest.raises(AgentSpecError, match="fmt='auto' needs an engine that knows its model's"):
         ChatAgentSpec(engine=FakeEngine(), fmt="auto")
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "pythonic", "llama3_json", "gemma_tool_code"])
+def test_reasoning_false_takes_any_call_syntax_format(fmt):
+    from agentspec_sdk.structure.call_syntax import write_calls
+
+    model = ChatAgentSpec(engine=FakeEngine(), fmt=fmt, reasoning=False)
+    tools = model.bind_tools([add, multiply]).kwargs["tools"]
+    registry = ToolRegistry([add, multiply])
+    accepted = _matcher_accepts(model.grammar_for(tools, "required"))
+    call = write_calls(fmt, [("multiply", {"a": 6, "b": 7})], registry)
+    assert accepted(call)
+    assert not accepted("Let me think. " + call)
+    assert not accepted(write_calls(fmt, [("multiply", {"a": 6, "b": 7}), ("add", {"a": 1, "b": 2})],
+                                    registry))

@@ -127,3 +127,34 @@ def test_serve_chat_template_writes_earlier_calls_in_the_format(hf_tokenizer, na
     assert f"<assistant>{write_calls(fmt, calls, registry)}</assistant>" in text
     before, _, after = fmt.env_wrap.partition("{}")
     assert f"<user>{before}done{after}</user>" in text
+
+
+LIGHTS = ToolRegistry([{"type": "function", "function": {
+    "name": "set_lights", "description": "Set the lights of some rooms.",
+    "parameters": {"type": "object", "properties": {
+        "rooms": {"type": "array", "items": {"type": "string"}},
+        "settings": {"type": "object", "properties": {
+            "on": {"type": "boolean"}, "level": {"type": ["integer", "null"]}, "scene": {"type": "string"}},
+            "required": ["on"]},
+        "dry_run": {"type": "boolean"}},
+        "required": ["rooms", "settings"]}}}])
+
+
+@pytest.mark.parametrize("name", [f.name for f in NATIVE_FORMATS])
+def test_serve_chat_template_writes_nested_values_as_write_calls_does(hf_tokenizer, name):
+    """Nested values of an earlier call: Python literals at every depth for a Python-call syntax
+    ({"on": True, "level": None}), JSON for a JSON one, as `write_calls` writes them."""
+    from agentspec_sdk.backends.tool_prompt import chat_template
+
+    fmt = get_format(name)
+    calls = [("set_lights", {"rooms": ["hall", "café"], "settings": {"on": True, "level": None,
+                                                                     "scene": 'a "b"'}, "dry_run": False}),
+             ("set_lights", {"rooms": [], "settings": {"on": False}})]
+    messages = [{"role": "user", "content": "lights"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                    for i, (n, a) in enumerate(calls)]}]
+    base = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    text = hf_tokenizer.apply_chat_template(messages, tools=LIGHTS.openai_tools(), tokenize=False,
+                                            chat_template=chat_template(fmt, base))
+    assert f"<assistant>{write_calls(fmt, calls, LIGHTS)}</assistant>" in text

@@ -63,7 +63,7 @@ def chat_template(fmt: AgentFormat | str, base: str, model: ChatTemplate | None 
 
 def _call_expr(syntax) -> str:
     """Jinja for one call `tc` in the call syntax (`ns.args`: its arguments, JSON text; `ns.kwargs`:
-    them as keyword arguments, scalars as Python literals, nested values as JSON)."""
+    them as keyword arguments, values as Python literals at every depth, as `write_calls` writes them)."""
     if syntax.payload == "python_call":
         return "tc.function.name ~ '(' ~ ns.kwargs ~ ')'"
     comma, colon = (", ", ": ") if syntax.whitespace == "spaced" else (",", ":")
@@ -72,7 +72,23 @@ def _call_expr(syntax) -> str:
     return f"{head} ~ (tc.function.name | tojson) ~ {mid} ~ ns.args ~ '}}'"
 
 
-_PRELUDE = """{%- if tools %}
+# A value as a Python literal, nested ones too (`{"on": True}`, not JSON's `{"on": true}`): what
+# `call_syntax.write_calls` writes and the turn grammar allows.
+_PY_LITERAL = """{%- macro agentspec_py(v) -%}
+{%- if v is none -%}None
+{%- elif v is sameas true -%}True
+{%- elif v is sameas false -%}False
+{%- elif v is mapping -%}{{ '{' }}{%- for k, x in v.items() -%}{{ @JSON@ if not loop.first else '' }}
+{{- k | tojson }}{{ @COLON@ }}{{ agentspec_py(x) }}{%- endfor -%}{{ '}' }}
+{%- elif v is string -%}{{ v | tojson }}
+{%- elif v is iterable -%}{{ '[' }}{%- for x in v -%}{{ @JSON@ if not loop.first else '' }}
+{{- agentspec_py(x) }}{%- endfor -%}{{ ']' }}
+{%- else -%}{{ v | tojson }}
+{%- endif -%}
+{%- endmacro -%}
+"""
+
+_PRELUDE = _PY_LITERAL + """{%- if tools %}
 {%- set ns = namespace(msgs=[], system=@SYSTEM@, text='', args=none, kwargs='', calls=[]) %}
 {%- for t in tools %}{%- set f = t.function if t.function is defined else t %}
 {%- set ns.system = ns.system ~ '\\n' ~ ({'name': f.name, 'description': f.description or '',
@@ -89,9 +105,7 @@ _PRELUDE = """{%- if tools %}
 {%- set ns.args = tc.function.arguments %}
 {%- set ns.kwargs = ns.args if ns.args is string else '' %}
 {%- if ns.args is mapping %}{%- for k, v in ns.args.items() %}
-{%- set ns.kwargs = ns.kwargs ~ (@JSON@ if loop.index > 1 else '') ~ k ~ '=' ~ ('None' if v is none
-    else ('True' if v is sameas true else ('False' if v is sameas false
-    else v | tojson(separators=(@JSON@, @COLON@))))) %}
+{%- set ns.kwargs = ns.kwargs ~ (@JSON@ if loop.index > 1 else '') ~ k ~ '=' ~ agentspec_py(v) %}
 {%- endfor %}{%- endif %}
 {%- if ns.args is not string %}{%- set ns.args = ns.args | tojson(separators=(@JSON@, @COLON@)) %}{%- endif %}
 {%- set ns.calls = ns.calls + [@CALL@] %}

@@ -11,7 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from agentspec_sdk.drafting.budget import sent_value
-from agentspec_sdk.drafting.forced import ArgsMatcher, CallMatcher, canonical_tokens, name_grammar
+from agentspec_sdk.drafting.forced import (
+    ArgsMatcher,
+    CallMatcher,
+    ListMatcher,
+    canonical_tokens,
+    name_grammar,
+)
 from agentspec_sdk.drafting.lookup import continuation
 from agentspec_sdk.drafting.rows import Candidate, RowState
 from agentspec_sdk.drafting.text import TokenBytes
@@ -209,8 +215,11 @@ class CandidateBuilder:
                         if close and text.endswith(close):
                             ended = True
                             break
-                        if not close:  # ReAct's name/arguments: the forced text ends where the grammar does
+                        if not close and call.finished:  # a call list's end is the turn's end
+                            ended = True
                             break
+                        if not close and not call.chains:  # ReAct's name/arguments: the forced text
+                            break                          # ends where the grammar does
                     more, follow, matched = self._lookup(st, kind, law_class, seg_text + text)
                     if forced and matched < len(forced) + self.plan.lookup_min_chars:
                         break  # a match inside the forced text only echoes the grammar
@@ -255,14 +264,10 @@ class CandidateBuilder:
         """Which grammar forces text in this segment kind: a JSON tool call between markers (the
         union over tools), ReAct's ``Action:`` (a tool name), ReAct's ``Action Input:`` (the arguments
         of the tool named in the preceding action)."""
-        if kind.content == "json" and kind.delimited:
-            close = _close_of(kind, seg_text)
-            syntax = st.fmt.call_syntax  # a native format's own call syntax (Hermes: spaced JSON)
-            key = ("call", close, syntax)
-            if key not in self._proto:
-                grammar = self._call_grammar if syntax is None else _tool_call_grammar(self._registry, syntax)
-                self._proto[key] = CallMatcher(self.ll, grammar, close)
-        elif kind.name == "action" and not kind.delimited:
+        proto = _call_prototype(self, st.fmt, kind, seg_text)
+        if proto is not None:
+            return proto.fork()
+        if kind.name == "action" and not kind.delimited:
             key = ("names",)
             if key not in self._proto:
                 self._proto[key] = CallMatcher(self.ll, name_grammar(self._registry.names))
@@ -382,7 +387,33 @@ def _close_of(kind, seg_text: str) -> str:
     return kind.close[0]
 
 
-def _tool_call_grammar(registry, syntax=None) -> str:
+def _call_prototype(builder: CandidateBuilder, fmt, kind, seg_text: str) -> CallMatcher | None:
+    """The prototype matcher (kept in `builder._proto`) of a tool-call segment, or None for another
+    kind: the format's call syntax decides the grammar (one call in its markers, or the whole call
+    list of a ``call_list`` layout), never the format's name."""
+    protos, syntax = builder._proto, fmt.call_syntax  # None: the compact object of `tool_calls`
+    if syntax is not None and kind.name == "tool_call" and fmt.layout == "call_list":
+        opener = _open_of(kind, seg_text) or ""
+        prefix = "" if opener == syntax.lead else opener  # `{` / `[`: the list's own first text
+        key = ("list", prefix, syntax)
+        if key not in protos:
+            grammar = _tool_call_grammar(builder._registry, syntax, listed=True)
+            protos[key] = ListMatcher(builder.ll, grammar, prefix)
+        return protos[key]
+    if (kind.content == "json" and kind.delimited) or (syntax is not None and kind.name == "tool_call"):
+        close = _close_of(kind, seg_text)
+        key = ("call", close, syntax)
+        if key not in protos:
+            grammar = (builder._call_grammar if syntax is None
+                       else _tool_call_grammar(builder._registry, syntax))
+            # Hermes' and Gemma's blocks end with a newline before the close marker
+            newline = "\n" if syntax is not None and syntax.newlines == "required" else ""
+            protos[key] = CallMatcher(builder.ll, grammar, newline + close)
+        return protos[key]
+    return None
+
+
+def _tool_call_grammar(registry, syntax=None, *, listed: bool = False) -> str:
     from agentspec_sdk.structure.turn_grammar import tool_call_grammar
 
-    return tool_call_grammar(registry, syntax=syntax)
+    return tool_call_grammar(registry, syntax=syntax, listed=listed)

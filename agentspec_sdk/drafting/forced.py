@@ -6,6 +6,11 @@ The forced continuation is `compute_ff_bytes()` (more than `compute_ff_tokens()`
 token that could merge with later bytes); when the JSON object is complete after it, the segment's
 close marker is forced too. The forced text is then tokenized the way the model's BPE would write it
 (`canonical_tokens`), continuing the row's last tokens.
+
+A call in its own markers (layout ``tool_calls``) is read with the grammar of one call
+(`CallMatcher`, its close marker after a newline where the call syntax requires one); a call list
+(layout ``call_list``: Mistral's ``[{…}, {…}]``, Llama's ``{…}; {…}``, pythonic ``[f(), g()]``) with
+the grammar of the whole list after its lead marker (`ListMatcher`): its end is the turn's end.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ MAX_EXTEND_CHARS = 8
 class CallMatcher:
     """Grammar state of one tool-call segment."""
 
-    __slots__ = ("ll", "matcher", "fed", "dead", "close", "complete")
+    __slots__ = ("ll", "matcher", "fed", "dead", "close", "complete", "finished")
 
     prefix = ""  # text the grammar expects before the segment's content (see ArgsMatcher)
+    # lookup text may follow forced text though no close marker ends the segment (a call list)
+    chains = False
 
     def __init__(self, ll_tokenizer, grammar: str, close_marker: str = ""):
         self.ll = ll_tokenizer
@@ -32,21 +39,23 @@ class CallMatcher:
             raise ValueError(f"tool-call grammar does not compile: {self.matcher.get_error()}")
         self.fed: list[int] = []
         self.dead = False
-        self.close = close_marker
+        self.close = close_marker  # what follows the call: its close marker, a newline first if required
         self.complete = False  # the JSON object is finished (only the close marker may follow)
+        self.finished = False  # the last forced text ended the grammar (ListMatcher: the turn)
 
     def fork(self) -> CallMatcher:
         """A fresh matcher for a new segment, sharing the compiled grammar."""
         other = object.__new__(type(self))
         other.ll, other.matcher, other.fed = self.ll, self.matcher.deep_copy(), []
-        other.dead, other.close, other.complete = False, self.close, False
+        other.dead, other.close, other.complete, other.finished = False, self.close, False, False
         return other
 
     def forced_text(self, content: str) -> str:
         """Text the grammar forces after `content` (the JSON typed so far in this segment)."""
+        self.finished = False
         if self.dead:
             return ""
-        body = self.prefix + content.lstrip()
+        body = self._body(content)
         rest = ""
         if self.complete or self.matcher.is_stopped():
             body, rest = self._split_done(body)
@@ -60,18 +69,33 @@ class CallMatcher:
                 body, rest = self._split_done(body)
         if self.complete or self.matcher.is_stopped():
             self.complete = True
-            rest = rest.strip()
-            if self.close and self.close.startswith(rest):
-                return self.close[len(rest):]
-            self.dead = True
-            return ""
+            return self._close_after(rest)
         forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
-        if forced and self.close and self._ends_object(forced):
+        if forced and (self.close or self.chains) and self._ends_object(forced):
             forced += self.close
+            self.finished = True
         return forced
+
+    def _body(self, content: str) -> str:
+        return self.prefix + content.lstrip()
 
     def _trim(self, body: str, forced: str) -> str:
         return forced
+
+    def _close_after(self, rest: str) -> str:
+        """The rest of `self.close` once the call is complete and `rest` was typed after it (the
+        newline before the marker is the model's to write or skip when it already wrote other space)."""
+        if not self.close:
+            if rest.strip():
+                self.dead = True
+            return ""
+        if self.close.startswith(rest):
+            return self.close[len(rest):]
+        marker, typed = self.close.lstrip(), rest.strip()
+        if marker.startswith(typed):
+            return marker[len(typed):]
+        self.dead = True
+        return ""
 
     def valid_prefix(self, text: str) -> str:
         """The longest prefix of `text` (in whole matcher tokens) the grammar allows next; call after
@@ -165,6 +189,39 @@ class ArgsMatcher(CallMatcher):
         if end is None:
             return forced
         return forced[: max(0, end - (len(body) - len(self.prefix)))]
+
+
+class ListMatcher(CallMatcher):
+    """The call list of a ``call_list`` segment, read with the grammar of the whole list (what follows
+    the syntax's lead marker). A segment opened by another marker (Llama's ``{``, pythonic ``[``: the
+    turn's first character) holds that marker as the list's first text: it is fed first (`prefix`).
+    The list has no close marker; where its grammar ends, the turn ends, and nothing more is drafted."""
+
+    chains = True
+
+    def __init__(self, ll_tokenizer, grammar: str, prefix: str):
+        super().__init__(ll_tokenizer, grammar, "")
+        self.prefix = prefix
+
+    def fork(self) -> ListMatcher:
+        other = super().fork()
+        other.prefix = self.prefix
+        return other
+
+    def _body(self, content: str) -> str:
+        # after a lead marker the model may write a space; after `{` or `[` the text is the list's own
+        return self.prefix + (content if self.prefix else content.lstrip())
+
+    def valid_prefix(self, text: str) -> str:
+        if self.complete and not self.dead:
+            return ""  # the list is complete: the turn ends here
+        return super().valid_prefix(text)
+
+    def allowed_after(self, content: str, more: str) -> str:
+        if self.prefix:  # no whitespace before the list: its first character opened the segment
+            self.forced_text(content)
+            return self.valid_prefix(more)
+        return super().allowed_after(content, more)
 
 
 def json_value_end(text: str) -> int | None:

@@ -103,16 +103,19 @@ def tool_call_grammar(
     relax: Sequence[str] = (),
     closed: bool = True,
     syntax: CallSyntax | None = None,
+    listed: bool = False,
 ) -> str:
     """Grammar of one call (what the drafter forces): the object ``{"name":…,"arguments":…}``, or the
-    call in `syntax` (a format's `call_syntax`; `whitespace` None: the syntax's)."""
+    call in `syntax` (a format's `call_syntax`; `whitespace` None: the syntax's). `listed`: the
+    syntax's whole call list instead, ``list_open call (list_sep call)* list_close`` (layout
+    ``call_list``, the text after its lead marker)."""
     tools = _tools(registry)
     if not tools:
         raise ToolRegistryError("no tools registered: a tool call grammar needs at least one tool")
     syntax = syntax or DEFAULT_SYNTAX
     b = _Builder(dialect, closed=closed)
     union = _call_union(b, tools, whitespace or syntax.whitespace, tuple(relax), syntax)
-    b.rule(b.start, union)
+    b.rule(b.start, _list_body(b, syntax, union, single=False) if listed else union)
     return b.render()
 
 
@@ -211,11 +214,8 @@ def _call_list(b, fmt, tools, avoid, shape: _Shape) -> None:
         b.rule(b.start, f"{text}?")
         return
     union = _call_union(b, tools, shape.whitespace, shape.relax, syntax)
-    more = "" if shape.single_call else f" ({b.lit(syntax.list_sep)} {union})*"
-    body = " ".join(p for p in (b.lit(syntax.list_open) if syntax.list_open else "", f"{union}{more}",
-                                b.lit(syntax.list_close) if syntax.list_close else "") if p)
     calls_rule = b.name("call_list")
-    b.rule(calls_rule, body)
+    b.rule(calls_rule, _list_body(b, syntax, union, single=shape.single_call))
     lead = ""
     if syntax.lead:
         lead = f"{b.lit(syntax.lead)}? " if syntax.lead_optional else f"{b.lit(syntax.lead)} "
@@ -225,6 +225,13 @@ def _call_list(b, fmt, tools, avoid, shape: _Shape) -> None:
         return
     calls = f"{b.text_then(avoid, syntax.lead)} {calls_rule}"  # text, then the lead marker
     b.rule(b.start, calls if choice == "required" else f"{text}? | {calls}")
+
+
+def _list_body(b, syntax: CallSyntax, union: str, *, single: bool) -> str:
+    """``list_open call (list_sep call)* list_close`` (one call only with `single`)."""
+    more = "" if single else f" ({b.lit(syntax.list_sep)} {union})*"
+    return " ".join(p for p in (b.lit(syntax.list_open) if syntax.list_open else "", f"{union}{more}",
+                                b.lit(syntax.list_close) if syntax.list_close else "") if p)
 
 
 def _react(b, fmt, tools, avoid, shape: _Shape) -> None:

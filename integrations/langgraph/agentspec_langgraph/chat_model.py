@@ -60,7 +60,8 @@ class ChatAgentSpec(BaseChatModel):
       text without the format's markers, so no call can be written.
     - `agent_id`: the sequence this model's turns belong to (budget and accounting in the engine).
     - `reasoning`: False makes a turn that must call a tool (tool_choice "required" / a tool name)
-      start with the call itself, no text before it (`tool_calls` format only; one call per turn).
+      start with the call itself, no text before it (a tool-call format: `tool_calls` or a native one
+      such as `hermes`, `mistral`, `pythonic`; one call per turn).
       Small models otherwise tend to talk until max_tokens instead of calling.
     - `recorder`: called with a `TurnRecord` after every turn (the middleware sets one per call).
     """
@@ -449,8 +450,9 @@ def _chosen_tools(tools: Sequence[dict[str, Any]], tool_choice: Any) -> list[dic
 
 def _call_only_grammar(fmt: Any, registry: Any) -> str:
     """One tool call and nothing else (the SDK's single-call turn grammar)."""
-    if fmt.name != "tool_calls":
-        raise AgentSpecError(f"reasoning=False needs the 'tool_calls' format, not {fmt.name!r}")
+    if fmt.layout not in ("tool_calls", "call_list"):  # any format with a call syntax (native ones too)
+        raise AgentSpecError(f"reasoning=False needs a tool-call format (layout 'tool_calls' or "
+                             f"'call_list'), not {fmt.name!r} (layout {fmt.layout!r})")
     return _sdk.turn_grammar(fmt, registry, tool_choice="call", single_call=True)
 
 
