@@ -52,6 +52,9 @@ from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
 
+# the modes whose drafts settle per class from the records file (ours, vLLM's stock and model drafters)
+RECORDED = ("structure", *STOCK, *MODEL_DRAFTERS)
+
 
 @dataclass
 class _Live:
@@ -289,8 +292,7 @@ class Engine(EngineBase):
         prompt_ids = list(out.prompt_token_ids or live.prompt_ids)
         token_ids = list(comp.token_ids)
         self._tail.poll()
-        records = (self._tail.claim(prompt_ids, token_ids)
-                   if self.speculation in ("structure", *STOCK, *MODEL_DRAFTERS) else [])
+        records = self._tail.claim(prompt_ids, token_ids) if self.speculation in RECORDED else []
         spec = comp.spec_decode_metrics.to_dict() if comp.spec_decode_metrics is not None else None
         settle_against_vllm(records, len(token_ids), spec)
         spans = segment(live.fmt, comp.text)
@@ -349,8 +351,7 @@ class Engine(EngineBase):
         return self._passes.entries(start, end)
 
     def proposer(self):
-        """The in-process proposer object (None when vLLM runs its engine core in another process);
-        for the model drafter modes our layer over vLLM's draft model (backends.vllm_hybrid)."""
+        """The in-process drafter (model drafters: our layer, backends.vllm_hybrid); None out of process."""
         try:
             core = self._engine.engine_core.engine_core
             runner = core.model_executor.driver_worker.worker.model_runner
