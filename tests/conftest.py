@@ -114,3 +114,12 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _enforce(outcome.get_result())
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    """The default model's tokenizer (SmolLM2-135M-Instruct), (the native-format tests: llguidance masks, vLLM's parsers)."""
+    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    return transformers.AutoTokenizer.from_pretrained(str(resolve_model()))

@@ -19,6 +19,12 @@ PY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 TEXT = 'a "quoted" [x] {y} ü\n'  # quotes, brackets, braces, non-ASCII and a newline in one string
 
 
+def validator(schema):
+    import jsonschema
+
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
 def bfcl_registry(limit: int = 12, python_names: bool = False) -> ToolRegistry:
     pytest.importorskip("bfcl_eval", reason="bfcl-eval missing: scripts/setup.sh installs it")
     from agentspec_sdk import bfcl

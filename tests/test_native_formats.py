@@ -4,7 +4,6 @@ grammars under python lark, llguidance (SmolLM2's real tokens) and xgrammar, on 
 
 import json
 
-import jsonschema
 import lark
 import pytest
 
@@ -24,22 +23,10 @@ from agentspec_sdk.structure.segmenter import Segmenter, segment
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import turn_grammar, turn_grammar_gbnf
 from agentspec_sdk.structure.turns import ToolCall, parse_calls, parse_turn
-from tests.native_tools import bfcl_registry, calls_for, trace_registry
+from tests.native_tools import bfcl_registry, calls_for, trace_registry, validator
 
 PYTHON = {"pythonic", "gemma_tool_code"}
 NAMES = [f.name for f in NATIVE_FORMATS]
-
-
-def _validator(schema):
-    return jsonschema.validators.validator_for(schema)(schema)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer():
-    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
-    from agentspec_sdk.backends.model_bundle import resolve_model
-
-    return transformers.AutoTokenizer.from_pretrained(str(resolve_model()))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +58,7 @@ def _bad_turns(fmt, good: str, one: str, name: str) -> list[str]:
 def test_grammars_accept_valid_calls_and_refuse_invalid_ones_on_real_tools(judges, name):
     fmt = get_format(name)
     for source, registry in _registries(name).items():
-        calls = calls_for(registry, _validator)
+        calls = calls_for(registry, validator)
         good_turns = [write_calls(fmt, calls[i:i + 2], registry) for i in range(0, len(calls), 2)]
         good_turns.append("I have no tool for that; the answer is 4.")
         one = write_calls(fmt, calls[:1], registry)
@@ -100,7 +87,7 @@ def _three_judges(checker, fmt, registry):
 def test_parse_calls_reads_what_the_writer_writes(name):
     fmt = get_format(name)
     registry = trace_registry()
-    calls = calls_for(registry, _validator)
+    calls = calls_for(registry, validator)
     text = write_calls(fmt, calls, registry)
     assert parse_calls(fmt, text) == [ToolCall(n, a) for n, a in calls]
     assert parse_calls(fmt, "Just words, [1] and {2}.") == []
@@ -170,7 +157,7 @@ def _accepts(parser, text):
 def test_tool_choice_and_single_call(name):
     fmt = get_format(name)
     registry = trace_registry()
-    calls = calls_for(registry, _validator)
+    calls = calls_for(registry, validator)
     one, two = write_calls(fmt, calls[:1], registry), write_calls(fmt, calls[:2], registry)
     prose = "No call needed."
     required, none = _lark(fmt, registry, tool_choice="required"), _lark(fmt, registry, tool_choice="none")
@@ -188,7 +175,7 @@ def test_text_before_calls_is_content_where_the_family_parser_says_so():
     """Hermes, Mistral and Gemma calls may follow text; a pythonic list or Llama's JSON is a call only
     from the turn's first character (vLLM's parsers match there), so after text it is prose."""
     registry = trace_registry()
-    calls = calls_for(registry, _validator)[:1]
+    calls = calls_for(registry, validator)[:1]
     for fmt, is_call in ((HERMES, True), (MISTRAL, True), (GEMMA_TOOL_CODE, True), (PYTHONIC, False),
                          (LLAMA3_JSON, False)):
         text = "Let me check. " + write_calls(fmt, calls, registry)
@@ -286,7 +273,7 @@ def test_the_replay_policy_call_turn_is_one_call_in_every_native_format():
     from agentspec_sdk.replay.loop import call_shape
 
     registry = trace_registry()
-    calls = calls_for(registry, _validator)
+    calls = calls_for(registry, validator)
     for fmt in NATIVE_FORMATS:
         parser = _lark(fmt, registry, tool_choice="call", **call_shape(fmt.layout))
         assert _accepts(parser, write_calls(fmt, calls[:1], registry)), fmt.name

@@ -8,7 +8,6 @@ way. The tokenizer is SmolLM2's; a parser that needs its marker in the vocabular
 import copy
 import json
 
-import jsonschema
 import pytest
 
 from agentspec_sdk.structure.call_syntax import write_calls
@@ -16,24 +15,12 @@ from agentspec_sdk.structure.formats import NATIVE_FORMATS, get_format
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import turn_grammar
 from agentspec_sdk.structure.turns import ToolCall, parse_calls
-from tests.native_tools import bfcl_registry, calls_for, trace_registry
+from tests.native_tools import bfcl_registry, calls_for, trace_registry, validator
 
 pytest.importorskip("vllm", reason="extra: cpu (vllm not installed)")
 
 PARSED = [f.name for f in NATIVE_FORMATS if f.tool_parser]
 NEEDS_TOKEN = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]"]}
-
-
-def _validator(schema):
-    return jsonschema.validators.validator_for(schema)(schema)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer():
-    transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
-    from agentspec_sdk.backends.model_bundle import resolve_model
-
-    return transformers.AutoTokenizer.from_pretrained(str(resolve_model()))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +43,7 @@ def _turns(name: str):
     python = fmt.syntax.payload == "python_call"
     out = []
     for registry in (bfcl_registry(10, python_names=python), trace_registry()):
-        calls = calls_for(registry, _validator)
+        calls = calls_for(registry, validator)
         turns = [calls[i:i + 2] for i in range(0, len(calls), 2)] + [calls[:1]]
         out.append((registry, [(write_calls(fmt, c, registry), c) for c in turns]))
     return out
@@ -114,7 +101,7 @@ def test_serve_chat_template_writes_earlier_calls_in_the_format(hf_tokenizer, na
 
     fmt = get_format(name)
     registry = trace_registry()
-    calls = [c for c in calls_for(registry, _validator)
+    calls = [c for c in calls_for(registry, validator)
              if all(not isinstance(v, dict | list) for v in c[1].values())][:2]  # scalar arguments
     messages = [{"role": "user", "content": "go"},
                 {"role": "assistant", "content": "", "tool_calls": [

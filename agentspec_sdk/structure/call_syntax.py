@@ -19,7 +19,7 @@ from agentspec_sdk.structure.formats import AgentFormat, CallSyntax, get_format
 from agentspec_sdk.structure.schema_compiler import canonical_texts
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
 
-__all__ = ["read_call", "read_call_list", "write_calls"]
+__all__ = ["read_call", "read_call_list", "read_json", "write_calls"]
 
 _JSON_NAMES = {"null": None, "true": True, "false": False}
 
@@ -32,7 +32,7 @@ def read_call(syntax: CallSyntax, raw: str, where: str) -> tuple[str, dict[str, 
     raw = raw.strip()
     if syntax.payload == "python_call":
         return _python_call(_python_expr(raw, where), where)
-    return _json_call(_json(raw, where), syntax, where)
+    return _json_call(read_json(raw, where), syntax, where)
 
 
 def read_call_list(syntax: CallSyntax, raw: str, where: str) -> list[tuple[str, dict[str, Any]]]:
@@ -43,7 +43,7 @@ def read_call_list(syntax: CallSyntax, raw: str, where: str) -> list[tuple[str, 
         items = expr.elts if isinstance(expr, ast.List) and syntax.list_open == "[" else [expr]
         return [_python_call(e, f"{where}, call #{i + 1}") for i, e in enumerate(items)]
     if syntax.list_open == "[":  # one JSON array of call objects
-        value = _json(raw, where)
+        value = read_json(raw, where)
         items = value if isinstance(value, list) else [value]
     else:  # objects separated by `list_sep`: read one JSON value after another
         items, decoder, at = [], json.JSONDecoder(), 0
@@ -65,7 +65,8 @@ def read_call_list(syntax: CallSyntax, raw: str, where: str) -> list[tuple[str, 
     return [_json_call(v, syntax, f"{where}, call #{i + 1}") for i, v in enumerate(items)]
 
 
-def _json(raw: str, where: str) -> Any:
+def read_json(raw: str, where: str) -> Any:
+    """`raw` as JSON; malformed JSON is a TurnParseError naming `where` and the spot."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -81,7 +82,7 @@ def _json_call(obj: Any, syntax: CallSyntax, where: str) -> tuple[str, dict[str,
         raise TurnParseError(f"{where}: missing or non-string {syntax.name_key!r}")
     args = next((obj[k] for k in (syntax.args_key, "arguments", "parameters") if k in obj), {})
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
-        args = _json(args, f"{where}, arguments of {name!r}")
+        args = read_json(args, f"{where}, arguments of {name!r}")
     if not isinstance(args, dict):
         raise TurnParseError(f"{where}: arguments of {name!r} must be a JSON object, got "
                              f"{type(args).__name__}")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec_sdk.errors import TurnParseError
-from agentspec_sdk.structure.call_syntax import read_call, read_call_list
+from agentspec_sdk.structure.call_syntax import read_call, read_call_list, read_json
 from agentspec_sdk.structure.formats import CODE_TOOL, FENCE, AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import Segmenter, Span
 
@@ -142,15 +141,7 @@ def _code(fmt: AgentFormat, parts) -> ParsedTurn:
 
 
 def _arguments(raw: str, where: str) -> dict[str, Any]:
-    obj = _json(raw, where)
+    obj = read_json(raw, where)
     if not isinstance(obj, dict):
         raise TurnParseError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj
-
-
-def _json(raw: str, where: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        snippet = raw[max(0, exc.pos - 20) : exc.pos + 20]
-        raise TurnParseError(f"{where}: malformed JSON ({exc.msg} at char {exc.pos}: {snippet!r})") from None
