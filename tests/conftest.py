@@ -118,7 +118,7 @@ def pytest_make_collect_report(collector):
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():
-    """The default model's tokenizer (SmolLM2-135M-Instruct), (the native-format tests: llguidance masks, vLLM's parsers)."""
+    """The default model's tokenizer (SmolLM2-135M-Instruct): llguidance masks, vLLM's parsers."""
     transformers = pytest.importorskip("transformers", reason="extra: cpu (transformers not installed)")
     from agentspec_sdk.backends.model_bundle import resolve_model
 
