@@ -1,4 +1,6 @@
-"""A trace replays in the format it was recorded in: another format, or a mix, is a TraceError."""
+"""A trace replays in the format it was recorded in: another format, or a mix where one format is
+asked for (`fmt`, a trace file of an arm), is a TraceError. Episodes of several formats without `fmt`
+replay together, each in its own (tests/test_code_agent.py's real-engine replay)."""
 
 from __future__ import annotations
 
@@ -43,3 +45,16 @@ def test_replay_command_names_the_mismatch(tmp_path):
     out = CliRunner().invoke(app(), ["replay", str(bundled_traces("react")), "--format", "tool_calls",
                                      "--out", str(tmp_path)])
     assert out.exit_code == 2 and "recorded in format 'react'" in out.output, out.output
+
+
+def test_replay_with_a_format_refuses_a_mix():
+    class Engine:
+        def resolve_format(self, fmt):
+            return get_format(fmt)
+
+        def submit(self, req):
+            raise AssertionError("a turn ran")
+
+    mixed = load_traces(bundled_traces("tool_calls"), limit=1) + load_traces(bundled_traces("react"), limit=1)
+    with pytest.raises(TraceError, match="mix agent formats"):
+        replay(Engine(), mixed, tokenizer=None, fmt="react")

@@ -106,11 +106,13 @@ def replay(engine: Any, episodes: list[Episode], *, tokenizer: Any, concurrency:
            grammar: str | None = None, tool_choice: str | None = None, fmt: str | None = None) -> ReplayRun:
     """Replay `episodes` with `concurrency` agents in flight. Per user segment an agent gets at most
     as many assistant turns as the trace recorded there (or `max_steps`). Every episode runs in its
-    recorded format; `fmt` (a name, or "auto": the engine's `resolve_format`) says which one the caller
-    means, and any other, or episodes of several formats, is a TraceError (`trace.check_formats`)."""
+    recorded format (episodes of several formats may share one replay, each in its own); `fmt` (a
+    name, or "auto": the engine's `resolve_format`) says which one the caller means, and any other, or
+    episodes of several formats with `fmt` given, is a TraceError (`trace.check_formats`)."""
     from agentspec_sdk.replay.record import environment_for
 
-    check_formats(episodes, _resolved(engine, fmt))
+    if fmt is not None:
+        check_formats(episodes, _resolved(engine, fmt))
 
     classifier = TokenClassifier(tokenizer)
     logs: list[TurnLog] = []
