@@ -473,6 +473,7 @@ def test_a_template_that_renders_tools_gets_openai_messages_and_tools(fake):
     assert auto["messages"][3] == {"role": "tool", "content": "sunny", "tool_call_id": call["id"],
                                    "name": "get_weather"}
     assert "tools" not in other  # another format than the template's: our instructions
+    assert eng.resolve_format("auto").name == "hermes" and eng.resolve_format("react").name == "react"
 
     class Tok:  # what vLLM does with the request: arguments back to objects, then the template
         def apply_chat_template(self, messages, tools=None, **_kw):

@@ -48,7 +48,7 @@ from agentspec_sdk.backends.vllm_metrics import (
     settle_against_vllm,
 )
 from agentspec_sdk.errors import BackendError, MalformedResponse
-from agentspec_sdk.structure.formats import AgentFormat, get_format
+from agentspec_sdk.structure.formats import AgentFormat
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.tools import ToolRegistry
 
@@ -120,12 +120,16 @@ class RemoteEngine(EngineBase):
         from agentspec_sdk.structure.turn_grammar import turn_grammar
 
         registry = self._registry if tools is None else as_registry(tools)
-        return turn_grammar(get_format(fmt), registry, tool_choice=tool_choice)
+        return turn_grammar(self.resolve_format(fmt), registry, tool_choice=tool_choice)
+
+    def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
+        """`fmt` as a format; "auto": the one the model's chat template writes, as `Engine.resolve_format`."""
+        return self.served_template().resolve(fmt)
 
     def _prepare(self, req: TurnRequest) -> dict:
         """Chat arguments of a turn: the same messages, grammar and stop strings as the embedded engine."""
         served = self.served_template()
-        fmt = served.resolve(req.fmt)
+        fmt = served.resolve(req.fmt)  # = self.resolve_format
         if self._plan is not None:
             with self._lock:
                 self._plan.update(fmt=fmt)
