@@ -48,7 +48,7 @@ from agentspec_sdk.backends.vllm_metrics import (
     settle_against_vllm,
 )
 from agentspec_sdk.errors import BackendError, MalformedResponse
-from agentspec_sdk.structure.formats import AgentFormat
+from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.tools import ToolRegistry
 
@@ -123,8 +123,8 @@ class RemoteEngine(EngineBase):
         return turn_grammar(self.resolve_format(fmt), registry, tool_choice=tool_choice)
 
     def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
-        """`fmt` as a format; "auto": the one the model's chat template writes, as `Engine.resolve_format`."""
-        return self.served_template().resolve(fmt)
+        """`fmt` as a format; "auto": the one the model's chat template writes (asks the server)."""
+        return self.served_template().resolve(fmt) if fmt == "auto" else get_format(fmt)
 
     def _prepare(self, req: TurnRequest) -> dict:
         """Chat arguments of a turn: the same messages, grammar and stop strings as the embedded engine."""
