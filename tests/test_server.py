@@ -861,8 +861,10 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
 
 @pytest.mark.server
 def test_replay_survives_a_server_crash_and_restart(served, caplog):
-    """Agents run multi-turn episodes; the server is killed while turns are in flight and restarted.
-    Every turn is committed exactly once and the retries show in the log."""
+    """Agents run multi-turn episodes; the server is killed between their first and second turns, the
+    second turns are sent to the dead server and it is restarted. Every turn is committed exactly once
+    and the retries show in the log. (Killing "while turns are in flight" after a sleep raced: on a
+    fast machine every turn had finished before the kill, and no turn needed a retry.)"""
     from agentspec_sdk.backends.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
 
@@ -871,7 +873,8 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
     agents, turns_each = ["Paris", "Oslo", "Lima"], 3
     transcripts: dict[str, list[dict]] = {}
     committed: list[str] = []
-    second_turn_sent = threading.Event()
+    first_turns_done = threading.Barrier(len(agents) + 1)
+    server_killed = threading.Event()
     errors: list[BaseException] = []
     eng = RemoteEngine(proc.base_url, tools=TOOLS, timeout=120, max_retries=200, backoff_s=0.5,
                        max_backoff_s=3.0, retry_deadline_s=600)
@@ -881,7 +884,8 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
         try:
             for t in range(turns_each):
                 if t == 1:
-                    second_turn_sent.set()
+                    first_turns_done.wait(timeout=300)
+                    server_killed.wait(timeout=300)
                 res = eng.submit(TurnRequest(messages=list(messages), fmt="tool_calls", max_tokens=48,
                                              request_id=f"{city}/{t}", agent_id=city)).result()
                 assert res.error is None, res.error
@@ -895,10 +899,14 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
     threads = [threading.Thread(target=agent, args=(c,)) for c in agents]
     for th in threads:
         th.start()
-    assert second_turn_sent.wait(timeout=300)
-    time.sleep(1.0)  # second turns are in flight now
+    try:
+        first_turns_done.wait(timeout=300)
+    except threading.BrokenBarrierError:
+        pytest.fail(f"the first turns did not finish: {errors}")
     proc.kill()
     killed_at = time.monotonic()
+    server_killed.set()  # the second turns go to a dead server now
+    time.sleep(1.0)  # ≥ one backoff: every agent's second turn has failed at least once
     proc.start()
     proc.wait_ready(timeout=600)
     restart_s = time.monotonic() - killed_at
