@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,7 @@ class Script:
         self.actions = list(actions)
         self.bodies: list[dict] = []
         self.metrics_page = METRICS_PAGE
+        self.tokenizer_info: dict | None = None  # GET /tokenizer_info (None: 404, not published)
         self.lock = threading.Lock()
 
     def next(self, body: dict):
@@ -82,6 +84,8 @@ def make_handler(script: Script):
                                             "data": [{"id": "m", "object": "model"}]}).encode())
             elif self.path == "/metrics":
                 self._send(200, script.metrics_page.encode(), "text/plain")
+            elif self.path == "/tokenizer_info" and script.tokenizer_info is not None:
+                self._send(200, json.dumps(script.tokenizer_info).encode())
             else:
                 self._send(404, b"{}")
 
@@ -412,3 +416,88 @@ def test_a_bad_turn_fails_alone_before_anything_is_sent(fake):
     assert res.error and "no_such_format" in res.error
     assert len(events) == 1 and "no_such_format" in events[0].result.error
     assert script.bodies == []
+
+
+# -- the chat template decision (remote_template): the same as the embedded engine's ----------------
+
+HERMES = (Path(__file__).parent / "data" / "chat_templates" / "hermes_vllm.jinja").read_text()
+HISTORY = [{"role": "system", "content": "You are helpful."},
+           {"role": "user", "content": "Weather in Paris?"},
+           {"role": "assistant", "content": CALL}, {"role": "tool", "content": "sunny"}]
+
+
+def smol_info() -> dict:
+    from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model(None))
+    return {"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+            "added_tokens_decoder": {str(i): t.content for i, t in tok.added_tokens_decoder.items()}}
+
+
+def test_a_template_without_tools_keeps_todays_messages_and_auto_resolves(fake):
+    from agentspec_sdk.backends.prompts import chat_messages
+    from agentspec_sdk.backends.types import as_registry
+    from agentspec_sdk.structure.formats import get_format
+
+    script = fake(("ok", CALL))
+    script.tokenizer_info = smol_info()
+    with engine(script.url) as eng:
+        eng.generate([TurnRequest(messages=HISTORY, fmt=f, request_id=f) for f in ("tool_calls", "auto")])
+    registry = as_registry(TOOLS)
+    for body in script.bodies:  # byte-identical to the messages sent before the decision existed
+        assert body["messages"] == chat_messages(HISTORY, get_format("tool_calls"), registry)
+        assert "tools" not in body and "tool_choice" not in body
+    assert script.bodies[0]["structured_outputs"] == script.bodies[1]["structured_outputs"]
+
+
+def test_a_template_that_renders_tools_gets_openai_messages_and_tools(fake):
+    from agentspec_sdk.backends.chat_template import render
+    from agentspec_sdk.backends.prompts import template_prompt
+    from agentspec_sdk.backends.types import as_registry
+    from agentspec_sdk.structure.formats import get_format
+
+    script = fake(("ok", "hi"))
+    script.tokenizer_info = {"chat_template": HERMES, "eos_token": "<|im_end|>"}
+    hermes_call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    history = [*HISTORY[:2], {"role": "assistant", "content": hermes_call}, HISTORY[3]]
+    with engine(script.url) as eng:
+        res = eng.generate([TurnRequest(messages=history, fmt=f, request_id=f) for f in ("auto", "hermes")])
+        plain = eng.generate([TurnRequest(messages=HISTORY, fmt="tool_calls", request_id="plain")])[0]
+    assert all(r.error is None for r in [*res, plain])
+    auto, named, other = script.bodies
+    assert auto["tools"] == TOOLS and auto["tool_choice"] == "none"
+    assert auto["messages"] == named["messages"] and auto["structured_outputs"] == named["structured_outputs"]
+    assert auto["stop"] == (list(get_format("hermes").stop) or None)
+    call = auto["messages"][2]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}  # OpenAI form: JSON text
+    assert auto["messages"][3] == {"role": "tool", "content": "sunny", "tool_call_id": call["id"],
+                                   "name": "get_weather"}
+    assert "tools" not in other  # another format than the template's: our instructions
+    assert eng.resolve_format("auto").name == "hermes" and eng.resolve_format("react").name == "react"
+
+    class Tok:  # what vLLM does with the request: arguments back to objects, then the template
+        def apply_chat_template(self, messages, tools=None, **_kw):
+            return render(HERMES, messages, tools, {"eos_token": "<|im_end|>"})
+
+    sent = [dict(m) for m in auto["messages"]]
+    for m in sent:
+        for c in m.get("tool_calls", []):
+            c["function"] = {**c["function"], "arguments": json.loads(c["function"]["arguments"])}
+    served = render(HERMES, sent, auto["tools"], {"eos_token": "<|im_end|>"})
+    assert served == template_prompt(Tok(), history, get_format("hermes"), as_registry(TOOLS))
+
+
+def test_a_wrapped_template_or_an_unpublished_one_is_a_clear_error(fake):
+    from agentspec_sdk.backends.tool_prompt import chat_template
+
+    script = fake(("ok", CALL))
+    with engine(script.url) as eng:  # /tokenizer_info 404: named formats as before, auto refused
+        ok, auto = eng.generate([turn("a"), TurnRequest(messages=HISTORY, fmt="auto", request_id="b")])
+    assert ok.error is None and "tokenizer_info" in auto.error and "name the format" in auto.error
+    script = fake(("ok", CALL))
+    script.tokenizer_info = {"chat_template": chat_template("tool_calls", HERMES)}  # served for tool_calls
+    with engine(script.url) as eng:
+        plain, native = eng.generate([TurnRequest(messages=HISTORY, fmt="tool_calls", request_id="p"),
+                                      TurnRequest(messages=HISTORY, fmt="auto", request_id="n")])
+    assert plain.error is None and "tools" not in script.bodies[0]
+    assert "--tool-format hermes" in native.error and len(script.bodies) == 1

@@ -925,3 +925,51 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
     retried = {r.getMessage().split()[3] for r in caplog.records if "retrying" in r.getMessage()}
     assert retried and retried <= set(expected), retried
     print(f"server restart {restart_s:.0f} s; {stats['retries']} retries over {len(retried)} turns")
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("served_template", ["wrapper", "hermes"])
+def test_remote_prompts_equal_the_embedded_engines(tmp_path, served_template):
+    """The server client's prompt (token ids vLLM rendered) equals the embedded engine's for the same
+    turn: through our wrapper over SmolLM2's template (no tool support: our instructions, as before),
+    and through a template that renders tools (Hermes, `--chat-template`: tools= and tool messages)."""
+    from pathlib import Path
+
+    from agentspec_sdk.backends.chat_template import ChatTemplate
+    from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
+    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.prompts import prompt_text
+    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.types import TurnRequest, as_registry
+    from agentspec_sdk.structure.formats import get_format
+
+    model = resolve_model()
+    tok = load_tokenizer(model)
+    if served_template == "hermes":
+        hermes = Path(__file__).parent / "data" / "chat_templates" / "hermes_vllm.jinja"
+        tok.chat_template, template = hermes.read_text(), hermes
+    else:  # what `agentspec serve` serves by default
+        template = write_chat_template(model, "tool_calls", tmp_path / "chat-template.jinja")
+    own = ChatTemplate.of(tok)
+    native = own.native
+    call = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+            if native == "hermes" else
+            '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>')
+    history = [*_question("Paris"), {"role": "assistant", "content": call},
+               {"role": "tool", "content": '{"temp_c": 18}'}]
+    spec = ServerSpec(model=model, port=_free_port(), speculation="off", max_model_len=2048,
+                      extra_args=["--enforce-eager"], chat_template=template)
+    with ServerProcess(spec, log_path=tmp_path / "server.log").start() as proc:
+        proc.wait_ready(timeout=600)
+        with RemoteEngine(proc.base_url, tools=TOOLS) as eng:
+            results = eng.generate([TurnRequest(messages=history, fmt=f, max_tokens=4, temperature=0.0,
+                                                request_id=f"{served_template}-{f}")
+                                    for f in ("tool_calls", "auto")])
+            served = eng.served_template()
+    assert served.native == native
+    registry = as_registry(TOOLS)
+    for res, fmt in zip(results, ("tool_calls", native), strict=True):
+        assert res.error is None, res.error
+        text = prompt_text(tok, history, get_format(fmt), registry, own)
+        assert res.prompt_token_ids == tok(text, add_special_tokens=False)["input_ids"], fmt
+    assert own.renders_tools("auto") == (served_template == "hermes")

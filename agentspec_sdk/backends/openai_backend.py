@@ -36,8 +36,8 @@ import openai
 
 from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.prom_metrics import subtract, summarize
-from agentspec_sdk.backends.prompts import chat_messages
 from agentspec_sdk.backends.remote_inspect import PlanFile, ServerInspector
+from agentspec_sdk.backends.remote_template import ServedTemplate, fetch_served
 from agentspec_sdk.backends.remote_transport import Ledger, StreamReplay, Transport, field, int_list, seed_for
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
@@ -77,6 +77,8 @@ class RemoteEngine(EngineBase):
         self.inspector = ServerInspector(self.root, self.http, self.metrics_urls, self._records)
         self._lock = threading.RLock()
         self._registry = ToolRegistry()
+        self._served: ServedTemplate | None = None
+        self._served_lock = threading.Lock()
         if tools is not None:
             self.register_tools(tools)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentspec-remote")
@@ -118,21 +120,30 @@ class RemoteEngine(EngineBase):
         from agentspec_sdk.structure.turn_grammar import turn_grammar
 
         registry = self._registry if tools is None else as_registry(tools)
-        return turn_grammar(get_format(fmt), registry, tool_choice=tool_choice)
+        return turn_grammar(self.resolve_format(fmt), registry, tool_choice=tool_choice)
+
+    def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
+        """`fmt` as a format; "auto": the one the model's chat template writes (asks the server)."""
+        return self.served_template().resolve(fmt) if fmt == "auto" else get_format(fmt)
 
     def _prepare(self, req: TurnRequest) -> dict:
         """Chat arguments of a turn: the same messages, grammar and stop strings as the embedded engine."""
-        if req.fmt == "auto":
-            raise BackendError("fmt='auto' needs the model's chat template, which RemoteEngine does not see: "
-                               "name the format (the server's --tool-format)")
-        fmt = get_format(req.fmt)
+        served = self.served_template()
+        fmt = served.resolve(req.fmt)  # = self.resolve_format
         if self._plan is not None:
             with self._lock:
                 self._plan.update(fmt=fmt)
         tools = self._tools_of(req)
         grammar = self.grammar_for(fmt, tools, req.tool_choice) if req.grammar is None else req.grammar
-        return {"fmt": fmt, "messages": chat_messages(req.messages, fmt, tools), "grammar": grammar or None,
-                "stop": list(fmt.stop) or None}
+        return {"fmt": fmt, "chat": served.chat_arguments(req.messages, fmt, tools),
+                "grammar": grammar or None, "stop": list(fmt.stop) or None}
+
+    def served_template(self, request_id: str = "GET /tokenizer_info") -> ServedTemplate:
+        """The server's chat template decision (`remote_template.fetch`), read once."""
+        with self._served_lock:  # not self._lock: stats() must not wait on this look-up's retries
+            if self._served is None:
+                self._served = fetch_served(self.transport, request_id)
+            return self._served
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -153,11 +164,12 @@ class RemoteEngine(EngineBase):
             body["structured_outputs"] = {"grammar": turn["grammar"]}
         if req.temperature and req.temperature > 0:
             body["seed"] = seed_for(request_id)  # the same sample on every attempt
-        return {"model": self._model(), "messages": turn["messages"], "max_tokens": req.max_tokens,
+        return {"model": self._model(), **turn["chat"], "max_tokens": req.max_tokens,
                 "temperature": req.temperature, "stop": turn["stop"], "extra_body": body}
 
     def _turn(self, req: TurnRequest, request_id: str, count: bool = True) -> TurnResult:
         started = time.perf_counter()
+        self.served_template(request_id)  # an unreachable server fails here, after its retries
         try:
             turn = self._prepare(req)
         except Exception as exc:  # a bad turn fails alone, with the reason (as in the embedded engine)
@@ -257,6 +269,7 @@ class RemoteEngine(EngineBase):
             yield StreamEvent("", "", "", result=done)
             return
         started = time.perf_counter()
+        self.served_template(request_id)  # an unreachable server fails here, after its retries
         try:
             turn = self._prepare(req)
         except Exception as exc:  # a bad turn fails alone, as in submit()
@@ -339,7 +352,6 @@ class RemoteEngine(EngineBase):
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.transport.close()
-
 
 
 def _short(exc: BaseException | None) -> str:

@@ -109,8 +109,9 @@ class Transport:
                               | stop_after_delay(self.retry_deadline_s)),
                         wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s))
 
-    def call(self, fn: Callable[[int], Any], request_id: str) -> Any:
-        """`fn(attempt)` until it succeeds or a failure is not retryable; out of retries: BackendError."""
+    def call(self, fn: Callable[[int], Any], request_id: str, counted: bool = True) -> Any:
+        """`fn(attempt)` until it succeeds or a failure is not retryable; out of retries: BackendError.
+        counted=False: a look-up on a turn's behalf, not one of its attempts (`counts` unchanged)."""
         started = time.monotonic()
         attempt = 0
 
@@ -118,7 +119,7 @@ class Transport:
             nonlocal attempt
             attempt += 1
             with self._lock:
-                self.counts["attempts"] += 1
+                self.counts["attempts"] += counted
             return fn(attempt)
 
         try:
@@ -139,6 +140,10 @@ class Transport:
             raise
         except httpx.HTTPError as exc:
             raise BackendError(f"GET {url} failed: {exc}") from exc
+
+    def lookup(self, url: str, request_id: str) -> httpx.Response:
+        """GET `url` on a turn's behalf: retried as the turn's attempts are, not counted among them."""
+        return self.call(lambda _n: _raise_5xx(self.http.get(url)), request_id, counted=False)
 
     def get_json(self, path: str, retry: bool = True) -> Any:
         resp = self.get(self.root + path, retry)

@@ -188,12 +188,20 @@ def _serve_tool_parser(model_path: str, tool_format: str, formats: str | None,
                        template_path: Path) -> tuple[Path | None, str | dict]:
     """The plain clients' chat template and the format the tool parser is told (a name for a built-in);
     `--tool-format auto`: the format the model's own template writes (`chat_template.auto_format`)."""
-    template = None
-    if tool_format == AUTO:
-        from agentspec_sdk.backends.chat_template import ChatTemplate
-        from agentspec_sdk.backends.model_bundle import load_tokenizer
+    from agentspec_sdk.backends.chat_template import ChatTemplate
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
 
+    # the model's template with its tokens: the decision, and what a wrapper tells RemoteEngine of it
+    # (without a loadable tokenizer, the template's text alone; `auto` needs the tokenizer)
+    try:
         template = ChatTemplate.of(load_tokenizer(model_path))
+    except (OSError, ValueError) as exc:
+        if tool_format == AUTO:
+            raise
+        typer.echo(f"# tokenizer of {model_path} not loaded ({type(exc).__name__}): the chat template "
+                   "decision reads the template's text alone", err=True)
+        template = None
+    if tool_format == AUTO:
         tool_format = template.native
     fmt = tool_format_of(tool_format, formats)
     chat_template = write_tool_chat_template(model_path, fmt, template_path, template)

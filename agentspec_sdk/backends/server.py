@@ -130,6 +130,9 @@ class ServerSpec:
         if self.chat_template:
             args += ["--chat-template", str(Path(self.chat_template).resolve()),
                      "--chat-template-content-format", "string"]
+        # /tokenizer_info: the served chat template and special tokens, from which `RemoteEngine`
+        # makes the embedded engine's prompt decision (backends/remote_template.py)
+        args += ["--enable-tokenizer-info-endpoint"]
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec, separators=(",", ":")),

@@ -9,6 +9,11 @@ the model's template alone. Where the model's template renders tools itself for 
 (`chat_template.ChatTemplate.renders_tools`, the decision the engine's prompts use too) the template is
 the model's own, unchanged: vLLM then renders tools and results with it as for any client.
 `agentspec serve` writes it with `write_chat_template` and passes it as `--chat-template`.
+
+A wrapper starts with a Jinja comment (`WRAPPER_MARK` and JSON: the format it writes, and whether the
+model's own template renders tools and which format it writes): it renders nothing, and it lets a
+client that reads the served template (`RemoteEngine`, from /tokenizer_info) make the embedded
+engine's decision although the served template is not the model's own.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from agentspec_sdk.structure.formats import AgentFormat, get_format
 log = logging.getLogger("agentspec.backends")
 # the layouts whose turns carry tool calls an OpenAI client reads
 LAYOUTS = ("tool_calls", "react", "call_list")
+WRAPPER_MARK = "{# agentspec-wrapper "
 
 
 def chat_template(fmt: AgentFormat | str, base: str, model: ChatTemplate | None = None) -> str:
@@ -33,7 +39,8 @@ def chat_template(fmt: AgentFormat | str, base: str, model: ChatTemplate | None 
     where it renders tools for `fmt` (`model`: the tokenizer's template with its special tokens, which
     the decision reads beside `base`)."""
     tokens = (model.special_tokens, model.tokens) if model is not None else ({}, ())
-    if ChatTemplate(base, *tokens).renders_tools(fmt):
+    own = ChatTemplate(base, *tokens)
+    if own.renders_tools(fmt):
         return base
     fmt = get_format(fmt)
     if fmt.layout not in LAYOUTS:
@@ -58,7 +65,17 @@ def chat_template(fmt: AgentFormat | str, base: str, model: ChatTemplate | None 
                .replace("@OPEN@", _lit(opening)).replace("@CLOSE@", _lit(closing))
                .replace("@JSON@", _lit(", ") if syntax.whitespace == "spaced" else _lit(","))
                .replace("@COLON@", _lit(": ") if syntax.whitespace == "spaced" else _lit(":")))
-    return prelude + base
+    mark = json.dumps({"format": fmt.name, "model_tools": own.tools, "model_native": own.native},
+                      separators=(",", ":"))
+    return WRAPPER_MARK + mark + " #}" + prelude + base
+
+
+def wrapper_info(template: str | None) -> dict | None:
+    """The JSON a wrapper starts with (`WRAPPER_MARK`); None for any other template."""
+    if not template or not template.startswith(WRAPPER_MARK):
+        return None
+    head = template[len(WRAPPER_MARK):template.index(" #}")]
+    return json.loads(head)
 
 
 def _call_expr(syntax) -> str:
