@@ -767,9 +767,16 @@ def test_bad_requests_get_a_400_naming_the_problem(served):
             text = str(exc.value)
             print(f"{key} (stream={stream}): {text[:300]}")
             assert all(w.lower() in text.lower() for w in words), (key, text)
+        # the server goes on serving: a named tool whose only argument is an enum, so the grammar leaves
+        # the model nothing to ramble in. (One CI run saw SmolLM2 write 64 tokens of nonsense into the
+        # free `city` string under tool_choice="required", finish_reason "length"; not reproduced here,
+        # where it writes "Oslo". What this test checks is that the server answers after the 400s.)
+        named = {"type": "function", "function": {"name": "get_time"}}
         ok = client.chat.completions.create(model=model, messages=_question("Oslo"), tools=TWO_TOOLS,
-                                            tool_choice="required", parallel_tool_calls=False, max_tokens=64)
-        assert ok.choices[0].message.tool_calls, (key, ok.choices[0])  # the server goes on serving
+                                            tool_choice=named, max_tokens=64)
+        calls = ok.choices[0].message.tool_calls
+        assert calls and calls[0].function.name == "get_time", (key, ok.choices[0])
+        assert json.loads(calls[0].function.arguments)["tz"] in ("UTC", "CET", "JST"), (key, calls)
 
 
 def _group_rss_kb(pgid: int) -> int:
