@@ -47,6 +47,7 @@ _LAZY = {
     "ParsedTurn": "agentspec_sdk.structure.turns",
     "ToolCall": "agentspec_sdk.structure.turns",
     "parse_calls": "agentspec_sdk.structure.turns",
+    "write_calls": "agentspec_sdk.structure.call_syntax",
     "AgentEngine": "agentspec_sdk.backends.contract",
     "Engine": "agentspec_sdk.backends.vllm_engine",
     "EngineConfig": "agentspec_sdk.backends.engine_config",

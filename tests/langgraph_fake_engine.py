@@ -21,9 +21,13 @@ Output = str | Callable[[Any], str]
 
 
 class FakeEngine:
-    def __init__(self, outputs: list[Output] | None = None, *, finish_reason: str = "stop"):
+    def __init__(self, outputs: list[Output] | None = None, *, finish_reason: str = "stop",
+                 native: str = "tool_calls"):
+        """`native`: the format `resolve_format("auto")` answers (the one its model's template writes)."""
         self.outputs = list(outputs or [])
         self.finish_reason = finish_reason
+        self.native = native
+        self.asked: list[Any] = []
         self.requests: list[Any] = []
         self.registered: list[list[str]] = []
         self.marks: list[tuple[str, str]] = []
@@ -31,6 +35,10 @@ class FakeEngine:
 
     def register_tools(self, registry: Any) -> None:
         self.registered.append(list(registry.names))
+
+    def resolve_format(self, fmt: Any) -> Any:
+        self.asked.append(fmt)
+        return get_format(self.native if fmt == "auto" else fmt)
 
     def mark_idle(self, agent_id: str) -> None:
         self.marks.append(("idle", agent_id))

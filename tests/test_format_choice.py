@@ -1,8 +1,7 @@
-"""fmt="auto": the format a model's own chat template writes, and whether that template renders the
-turn's tools (real templates: Hermes' from tests/data/chat_templates, SmolLM2's and the Gemma bundle's).
-
-Needs formats24's `structure.format_detect` and native formats: rename to tests/test_format_choice.py
-once that branch is merged (until then the import of `format_detect` fails).
+"""fmt="auto" (the default of every entry point): the format a model's own chat template writes, and
+whether that template renders the turn's tools (real templates: Hermes' from tests/data/chat_templates,
+SmolLM2's and the Gemma bundle's). The engine tests' turns name no format, so they run through auto
+on the real SmolLM2 template.
 """
 
 from __future__ import annotations
@@ -33,6 +32,21 @@ def test_auto_is_the_templates_own_format():
     assert auto_format(HERMES, []) == "hermes" == template.native == template.resolve("auto").name
     assert template.tools and template.renders_tools("auto") and template.renders_tools(get_format("hermes"))
     assert not template.renders_tools("tool_calls") and not template.renders_tools("react")
+
+
+def test_every_entry_point_defaults_to_auto():
+    """TurnRequest, ChatAgentSpec, @agentspec and `agentspec serve --tool-format` all start from the
+    model's own format; naming one stays possible everywhere."""
+    import inspect
+
+    from agentspec_langgraph import ChatAgentSpec, agentspec
+
+    from agentspec_sdk import TurnRequest
+    from agentspec_sdk.backends.serve_cli import serve
+
+    assert TurnRequest(messages=[]).fmt == "auto" == ChatAgentSpec.model_fields["fmt"].default
+    assert inspect.signature(agentspec).parameters["fmt"].default == "auto"
+    assert inspect.signature(serve).parameters["tool_format"].default == "auto"
 
 
 def test_templates_without_tool_syntax_are_tool_calls(smollm2):

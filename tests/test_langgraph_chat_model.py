@@ -99,6 +99,26 @@ def test_edited_tool_calls_are_rendered_in_the_format_not_replayed():
     ]
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "pythonic", "llama3_json", "gemma_tool_code"])
+def test_foreign_tool_calls_are_written_in_the_models_native_syntax(fmt):
+    """An AI message from elsewhere (no raw text) goes back in the format's own call syntax, as its
+    turn grammar accepts it and its parser reads it back; without bound tools there are no schemas to
+    write it by, which is named."""
+    from agentspec_sdk import parse_calls, write_calls
+
+    model = ChatAgentSpec(engine=FakeEngine(["ok", "ok"]), fmt=fmt)
+    foreign = AIMessage("Adding.", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "x"}])
+    history = [HumanMessage("1+2?"), foreign, ToolMessage("3", tool_call_id="x")]
+    model.bind_tools([add, multiply]).invoke(history)
+    [sent] = [m["content"] for m in model.engine.requests[0].messages if m["role"] == "assistant"]
+    call = write_calls(fmt, [("add", {"a": 1, "b": 2})], ToolRegistry([add, multiply]))
+    assert sent == f"Adding.\n{call}"
+    read = [(c.name, dict(c.arguments)) for c in parse_calls(get_format(fmt), call)]
+    assert read == [("add", {"a": 1, "b": 2})]
+    with pytest.raises(AgentSpecError, match=rf"format '{fmt}': writing .* not bound: \['add'\]"):
+        model.bind_tools([multiply]).invoke(history)
+
+
 def test_usage_and_acceptance_per_class_are_reported_and_recorded():
     records: list[TurnRecord] = []
     engine = FakeEngine([CALL_ADD])
@@ -260,23 +280,18 @@ def test_reasoning_false_makes_a_required_turn_the_call_only():
 
 
 def test_fmt_auto_is_the_engines_format_resolved_once():
-    """fmt="auto" asks the engine (its model's template) once; the turns then run in that format. An
-    engine that cannot tell (no resolve_format, e.g. RemoteEngine) is refused with the reason."""
-
-    class AutoEngine(FakeEngine):
-        asked: list = []
-
-        def resolve_format(self, fmt):
-            self.asked.append(fmt)
-            return get_format("react")
-
-    engine = AutoEngine(['Thought: add\nAction: add\nAction Input: {"a":2,"b":3}'])
-    model = ChatAgentSpec(engine=engine, fmt="auto")
+    """fmt="auto" (the default) asks the engine (its model's template) once; the turns then run in
+    that format. An engine that cannot tell (no resolve_format) is refused with the reason."""
+    engine = FakeEngine(['Thought: add\nAction: add\nAction Input: {"a":2,"b":3}'], native="react")
+    model = ChatAgentSpec(engine=engine)
     assert model.fmt == "react" and engine.asked == ["auto"]
     msg = model.bind_tools([add]).invoke("What is 2 + 3?")
     assert engine.requests[0].fmt == "react" and msg.tool_calls[0]["args"] == {"a": 2, "b": 3}
-    with pytest.raises(AgentSpecError, match="fmt='auto' needs an engine that knows its model's"):
-        ChatAgentSpec(engine=FakeEngine(), fmt="auto")
+    assert ChatAgentSpec(engine=FakeEngine()).fmt == "tool_calls"  # a template without tool syntax
+    named = FakeEngine(native="hermes")
+    assert ChatAgentSpec(engine=named, fmt="react").fmt == "react" and named.asked == []
+    with pytest.raises(AgentSpecError, match=r"fmt='auto' \(the default\) needs an engine that knows"):
+        ChatAgentSpec(engine=object())
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "mistral", "pythonic", "llama3_json", "gemma_tool_code"])

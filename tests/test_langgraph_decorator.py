@@ -64,6 +64,23 @@ def test_create_agent_builder_gets_our_model_tools_and_middleware():
     assert create_agent is langchain.agents.create_agent  # restored after the build
 
 
+def test_the_model_writes_its_own_templates_format_by_default():
+    """No fmt: the format the engine's model's template writes (here Hermes' `<tool_call>` with a
+    newline around the JSON); the call is read back and run in that syntax."""
+    hermes_call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    engine = FakeEngine([hermes_call, "It is 5."], native="hermes")
+
+    @agentspec(engine=engine)
+    def build(model, tools):
+        return create_agent(model, tools)
+
+    graph = build("openai:gpt-4o", [add])
+    state = graph.invoke({"messages": [("user", "2+3?")]})
+    assert build.agentspec.model.fmt == "hermes" and engine.asked == ["auto"]
+    assert [r.fmt for r in engine.requests] == ["hermes", "hermes"]
+    assert [m.content for m in tool_messages(state)] == ["5.0"]
+
+
 def test_create_agent_imported_in_the_body_with_a_fixed_model_and_own_middleware():
     engine = FakeEngine(["No tool needed."])
     mine = AgentSpecMiddleware(agent_id="own")

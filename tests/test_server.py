@@ -285,6 +285,8 @@ def test_serve_passes_the_tool_parser_by_default(tmp_path):
     assert out.exit_code == 0, out.output
     argv = shlex.split(next(x for x in out.output.splitlines() if "AGENTSPEC_PLAN=" in x))
     assert "--enable-auto-tool-choice" in argv and _flag(argv, "--tool-call-parser") == "agentspec"
+    # --tool-format auto (the default): SmolLM2's template declares no tool syntax, so tool_calls
+    assert "--tool-format auto: the model's chat template writes tool_calls" in out.output
     assert _flag(argv, "--tool-parser-plugin") == str(TOOL_PARSER_FILE) and TOOL_PARSER_FILE.is_file()
     template = _flag(argv, "--chat-template")
     assert template == str(tmp_path / "chat-template-8556.jinja") and "Tools (JSON)" in open(template).read()
@@ -305,6 +307,7 @@ def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_pa
     out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "a.json")])
     assert out.exit_code == 0, out.output
     assert DraftPlan.load(tmp_path / "a.json").records_path is None and "proposer records: off" in out.output
+    assert "--tool-format auto: no chat template to read, tool_calls" in out.output  # no tokenizer here
     assert "PROMETHEUS_MULTIPROC_DIR=" in out.output
     out = CliRunner().invoke(_cli(), base + ["--plan", str(tmp_path / "b.json"),
                                              "--records", str(tmp_path / "r.jsonl"), "--records-max-mb", "2"])

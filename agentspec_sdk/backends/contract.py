@@ -31,6 +31,10 @@ class AgentEngine(Protocol):
     def grammar_for(self, fmt: str | AgentFormat, tools: Any = None, tool_choice: str = "auto") -> str:
         """The Lark turn grammar a request of `fmt` gets (tools None: the registered ones)."""
 
+    def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
+        """`fmt` as a format; "auto" (`TurnRequest`'s default): the one the model's chat template writes,
+        `tool_calls` for a template that declares no tool syntax."""
+
     def submit(self, req: TurnRequest) -> Future:
         """Queue a turn; the future resolves to its TurnResult (`error` set for a turn that failed)."""
 

@@ -57,9 +57,10 @@ class ServedTemplate:
     def resolve(self, fmt: AgentFormat | str) -> AgentFormat:
         """`fmt`, with "auto" replaced by the model's own format (as `ChatTemplate.resolve`)."""
         if fmt == AUTO and not self.published:
-            raise BackendError(f"fmt='auto' needs the model's chat template, which {self.root} does not "
-                               "publish (GET /tokenizer_info): start it with `agentspec serve`, or vLLM with "
-                               "--enable-tokenizer-info-endpoint, or name the format")
+            raise BackendError(f"fmt='auto' (TurnRequest's default) needs the model's chat template, which "
+                               f"{self.root} does not publish (GET /tokenizer_info): start it with "
+                               "`agentspec serve`, or vLLM with --enable-tokenizer-info-endpoint, or name "
+                               "the format (fmt='tool_calls': our own syntax)")
         return get_format(self.native if fmt == AUTO else fmt)
 
     def renders_tools(self, fmt: AgentFormat) -> bool:

@@ -119,7 +119,8 @@ def serve(
                            typer.Option("--tool-format",
                                         help="the format of plain clients' turns (a built-in name, "
                                              "one of --formats, or auto: the one the model's chat "
-                                             "template writes)")] = "tool_calls",
+                                             "template writes, tool_calls where it declares no tool "
+                                             "syntax)")] = "auto",
     dry_run: Annotated[bool,
                        typer.Option("--dry-run",
                                     help="write the plan, print the command, do not run it")] = False,
@@ -192,17 +193,20 @@ def _serve_tool_parser(model_path: str, tool_format: str, formats: str | None,
     from agentspec_sdk.backends.model_bundle import load_tokenizer
 
     # the model's template with its tokens: the decision, and what a wrapper tells RemoteEngine of it
-    # (without a loadable tokenizer, the template's text alone; `auto` needs the tokenizer)
+    # (without a loadable tokenizer, the template's text alone, and `auto` falls back to tool_calls)
     try:
         template = ChatTemplate.of(load_tokenizer(model_path))
     except (OSError, ValueError) as exc:
-        if tool_format == AUTO:
-            raise
         typer.echo(f"# tokenizer of {model_path} not loaded ({type(exc).__name__}): the chat template "
                    "decision reads the template's text alone", err=True)
         template = None
+    if tool_format == AUTO and template is None:  # no template to read: the format of one without tools
+        typer.echo("# --tool-format auto: no chat template to read, tool_calls (name the format to choose "
+                   "another)", err=True)
+        tool_format = "tool_calls"
     if tool_format == AUTO:
         tool_format = template.native
+        typer.echo(f"# --tool-format auto: the model's chat template writes {tool_format}", err=True)
     fmt = tool_format_of(tool_format, formats)
     chat_template = write_tool_chat_template(model_path, fmt, template_path, template)
     typer.echo(f"# plain OpenAI clients: tool parser 'agentspec', format {fmt['name']}, chat "

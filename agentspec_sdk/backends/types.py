@@ -19,7 +19,7 @@ from agentspec_sdk.structure.tools import ToolRegistry
 @dataclass
 class TurnRequest:
     messages: list[dict[str, Any]]
-    fmt: str | AgentFormat = "tool_calls"
+    fmt: str | AgentFormat = "auto"  # "auto": the format the model's template writes (tool_calls if none)
     tools: ToolRegistry | list[dict] | None = None  # None: every registered tool
     grammar: str | None = None  # None: turn_grammar(fmt, tools, tool_choice); "": unconstrained; else Lark
     tool_choice: str = "auto"  # auto | required | none | call (the turn is tool calls only)

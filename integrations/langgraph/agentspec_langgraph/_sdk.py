@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from agentspec_sdk import AgentEngine
 
 _FACADE = ("ToolRegistry", "Tool", "get_format", "Segmenter", "turn_grammar", "tool_call_grammar",
-           "parse_turn", "parse_calls", "TurnRequest",
+           "parse_turn", "parse_calls", "write_calls", "TurnRequest",
            "AgentEngine", "Sandbox", "SandboxLimits", "CODE_TOOL")
 __all__ = ["AgentSpecError", "ToolRegistryError", "new_engine", *_FACADE]  # noqa: F822 (lazy names)
 

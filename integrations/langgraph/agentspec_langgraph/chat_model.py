@@ -50,11 +50,13 @@ class ChatAgentSpec(BaseChatModel):
 
     - `engine`: an `agentspec_sdk.Engine` or `RemoteEngine` (anything with `generate`, `agenerate`,
       `stream`; `register_tools`, `mark_idle`, `mark_active` are used when present).
-    - `fmt`: the agent format of tool-calling turns (`"tool_calls"` or `"react"`), or `"code_agent"`:
+    - `fmt`: the agent format of tool-calling turns. `"auto"` (the default): the format the engine's
+      model's own chat template writes (`resolve_format`: `hermes`, `llama3_json`, `mistral`,
+      `pythonic`, `gemma_tool_code`, ..., or `tool_calls` for a template that declares no tool
+      syntax), resolved once, here. Named: `"tool_calls"`, `"react"`, a native one, or `"code_agent"`:
       the model writes Python in a fenced block, which becomes a call of the code tool (bind
       `agentspec_langgraph.code_tool()`, the SDK's sandbox, as the agent's only tool); its result
-      comes back to the model in `<result>…</result>`. `"auto"`: the format the engine's model's own
-      chat template writes (`Engine.resolve_format`), resolved once, here.
+      comes back to the model in `<result>…</result>`.
     - `grammar`: Lark text forced on every turn instead of the one derived from the format and the
       bound tools (`""` turns the grammar off). Without bound tools the turn grammar still applies:
       text without the format's markers, so no call can be written.
@@ -69,7 +71,7 @@ class ChatAgentSpec(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     engine: Any = Field(exclude=True)  # an AgentEngine; not validated (partial engines serve too)
-    fmt: str = "tool_calls"
+    fmt: str = "auto"
     max_tokens: int = 256
     temperature: float = 0.0
     grammar: str | None = None
@@ -88,8 +90,8 @@ class ChatAgentSpec(BaseChatModel):
         `fmt` (grammars, history, parsing) names one format."""
         if self.fmt == "auto":
             if not hasattr(self.engine, "resolve_format"):
-                raise AgentSpecError("fmt='auto' needs an engine that knows its model's chat template "
-                                     "(agentspec_sdk.Engine.resolve_format); name the format for this engine")
+                raise AgentSpecError("fmt='auto' (the default) needs an engine that knows its model's chat "
+                                     "template (AgentEngine.resolve_format); name the format for this engine")
             self.fmt = self.engine.resolve_format("auto").name
         return self
 
@@ -180,7 +182,7 @@ class ChatAgentSpec(BaseChatModel):
         if grammar is None:
             grammar = self.grammar_for(tools, kwargs.get("tool_choice"))
         return _sdk.TurnRequest(
-            messages=to_engine_messages(messages, self.fmt),
+            messages=to_engine_messages(messages, self.fmt, self.registry_for(tools)),
             fmt=self.fmt,
             tools=self.registry_for(chosen),  # an empty registry, not None (None: every registered tool)
             grammar=grammar,

@@ -82,7 +82,7 @@ def agentspec(
     *,
     engine: AgentEngine | None = None,
     model: ChatAgentSpec | None = None,
-    fmt: str = "tool_calls",
+    fmt: str = "auto",
     max_tokens: int = 256,
     agent_id: str | None = None,
     reasoning: bool = True,

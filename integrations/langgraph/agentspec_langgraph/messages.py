@@ -39,8 +39,10 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def render_assistant(fmt: Any, message: AIMessage) -> str:
-    """The text the model would have written for `message` in `fmt`."""
+def render_assistant(fmt: Any, message: AIMessage, registry: Any = None) -> str:
+    """The text the model would have written for `message` in `fmt`. A native call syntax (`hermes`,
+    `mistral`, `pythonic`, ...) writes the calls as its turn grammar accepts them (`write_calls`), which
+    needs the tools' schemas: `registry`, the bound tools."""
     fmt = _sdk.get_format(fmt)
     raw = message.additional_kwargs.get(RAW_TEXT_KEY)
     # Reuse the model's own text unless the format changed or someone edited the tool calls since.
@@ -63,12 +65,21 @@ def render_assistant(fmt: Any, message: AIMessage) -> str:
     if fmt.name == "code_agent" and calls[0]["name"] == _sdk.CODE_TOOL:
         block = f"```python\n{calls[0]['args'].get('code', '')}\n```"
         return f"{content}\n{block}" if content else block
+    if fmt.layout in ("tool_calls", "call_list"):  # a model's native syntax
+        unbound = sorted({c["name"] for c in calls} - set(registry.names if registry is not None else ()))
+        if unbound:
+            raise AgentSpecError(f"format {fmt.name!r}: writing the tool calls of an earlier AI message "
+                                 f"needs the bound tools' schemas (bind_tools); not bound: {unbound}")
+        body = _sdk.write_calls(fmt, [(c["name"], c["args"]) for c in calls], registry)
+        return f"{content}\n{body}" if content else body
     raise AgentSpecError(f"format {fmt.name!r} has no tool-call syntax; tools need one of "
-                         f"{list(TOOL_FORMATS)}")
+                         f"{list(TOOL_FORMATS)} or a native call syntax (layout 'tool_calls' or 'call_list')")
 
 
-def to_engine_messages(messages: Sequence[BaseMessage], fmt: Any) -> list[dict[str, str]]:
-    """LangChain messages → engine messages (the engine adds the tool list and wraps tool results)."""
+def to_engine_messages(messages: Sequence[BaseMessage], fmt: Any,
+                       registry: Any = None) -> list[dict[str, str]]:
+    """LangChain messages → engine messages (the engine adds the tool list and wraps tool results);
+    `registry`: the bound tools, for AI messages whose calls must be written in a native syntax."""
     out: list[dict[str, str]] = []
     for m in messages:
         if isinstance(m, SystemMessage):
@@ -76,7 +87,7 @@ def to_engine_messages(messages: Sequence[BaseMessage], fmt: Any) -> list[dict[s
         elif isinstance(m, HumanMessage):
             out.append({"role": "user", "content": str(m.text)})
         elif isinstance(m, AIMessage):
-            out.append({"role": "assistant", "content": render_assistant(fmt, m)})
+            out.append({"role": "assistant", "content": render_assistant(fmt, m, registry)})
         elif isinstance(m, ToolMessage):
             out.append({"role": "tool", "content": str(m.text)})
         elif isinstance(m, ChatMessage) and m.role in ROLES:
