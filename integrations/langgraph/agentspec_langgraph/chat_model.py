@@ -49,7 +49,8 @@ class ChatAgentSpec(BaseChatModel):
     """A chat model backed by an AgentSpec engine.
 
     - `engine`: an `agentspec_sdk.Engine` or `RemoteEngine` (anything with `generate`, `agenerate`,
-      `stream`; `register_tools`, `mark_idle`, `mark_active` are used when present).
+      `stream`; `resolve_format` for `fmt="auto"`; `register_tools`, `mark_idle`, `mark_active` are used
+      when present).
     - `fmt`: the agent format of tool-calling turns. `"auto"` (the default): the format the engine's
       model's own chat template writes (`resolve_format`: `hermes`, `llama3_json`, `mistral`,
       `pythonic`, `gemma_tool_code`, ..., or `tool_calls` for a template that declares no tool
