@@ -7,7 +7,10 @@ through each drafter with greedy verification simulated against the recorded out
 temperature 0 the target writes the same tokens whatever was drafted): each step every active row
 gets a draft, trimmed to the request grammar as vLLM does before verifying (turns files captured
 without grammars are replayed untrimmed); the draft's common prefix with the real continuation is
-accepted, plus one token.
+accepted, plus one token. Rows start as the engine starts agents' turns (`--schedule agents`: up to
+`--batch` rows, a turn once its episode's previous turn has finished; `groups`, the replay before
+2026-12-02, ran the turns `--batch` at a time, so a turn could run beside its own episode's earlier
+turn), and a finished row's last tokens reach the drafters once more, as vLLM's proposer sees them.
 
 Rows: `ngram` (vLLM's ngram proposer, n 2..5), `suffix` (arctic-inference's SuffixDecodingCache
 driven exactly as vLLM 0.32's SuffixDecodingProposer drives it, vLLM's defaults), `structure` (the
@@ -429,12 +432,12 @@ def pay_cause(note: dict, a_st: int) -> tuple[str, str]:
 
 
 def explain_rows(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int,
-                 label: str, boundary: str = "price") -> tuple[list[dict], dict]:
+                 label: str, boundary: str = "price", schedule: str = "agents") -> tuple[list[dict], dict]:
     """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row."""
     structure = structure_drafter(gamma, tools, explain=True, boundary=boundary)
     explainer = Explainer(structure, turns, label)
     row = simulate(turns, (structure, SuffixDrafter(gamma)), batch, trim=GrammarTrim(grammars),
-                   choose=explainer)
+                   choose=explainer, schedule=schedule)
     return explainer.rows, row
 
 
@@ -522,65 +525,123 @@ def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
             t["classes"] = classifier.labels(text, t["out"], segment(get_format(t.get("fmt", fmt)), text))
 
 
-def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None) -> dict:
+def predecessors(turns: list[dict]) -> list[int | None]:
+    """Each turn's previous turn in its episode (None for an episode's first): the earlier turn with
+    the longest prompt that begins this turn's prompt (an episode's history only grows; the replay
+    may write a recorded answer there instead of the live one, so the output is not compared).
+    Turns are captured in the order they finished, so a turn's predecessor always comes before it."""
+    out: list[int | None] = []
+    for j, t in enumerate(turns):
+        best = None
+        for i in range(j):
+            n = len(turns[i]["prompt"])
+            if len(t["prompt"]) > n and t["prompt"][:n] == turns[i]["prompt"] \
+                    and (best is None or n > len(turns[best]["prompt"])):
+                best = i
+        out.append(best)
+    return out
+
+
+SCHEDULES = ("agents", "groups")
+
+
+def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None,
+             schedule: str = "groups") -> dict:
     """`propose`: a drafter `f(histories) -> drafts`; a keyed one (`keyed = True`, as vLLM's suffix
     proposer): called with rows (key, prompt length, history, tokens sampled since its last call)
     and told `retire(key, last tokens)` when a row finishes; a tuple of drafters, each called every
     step, whose grammar-trimmed drafts `choose(drafts, truth) -> index` picks from per row and step
     (`picks` counts the choices); or None: the oracle, which drafts the next `gamma` tokens the
     target will write (the bound no drafter can beat at this gamma). `trim(turn, pos, draft)`: what
-    is left of a draft after the request grammar (GrammarTrim), as vLLM verifies it."""
+    is left of a draft after the request grammar (GrammarTrim), as vLLM verifies it.
+
+    `schedule`: "groups" replays the turns `batch` at a time, each group to its end; "agents" as the
+    engine runs agents: up to `batch` rows at once, a row starting as soon as one is free and its
+    episode's previous turn has finished (`predecessors`), so that no turn runs beside its own
+    episode's earlier turns (in "groups" they can: a later turn that repeats an earlier one then
+    drafts from the trees while both are written, which the engine never sees)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     passes = drafted = accepted = 0
     by_class: dict[str, dict[str, int]] = {}
     drafters = propose if isinstance(propose, tuple) else (propose,)
     picks = [0] * len(drafters)
-    for g in range(0, len(turns), batch):
-        group = turns[g:g + batch]
-        pos = [1] * len(group)  # the first output token comes from the prefill pass
-        told = [0] * len(group)  # output tokens keyed drafters have been given
-        while True:
-            active = [i for i, t in enumerate(group) if pos[i] < len(t["out"])]
+    pred = predecessors(turns) if schedule == "agents" else [None] * len(turns)
+    pos = [1] * len(turns)  # the first output token comes from the prefill pass
+    told = [0] * len(turns)  # output tokens keyed drafters have been given
+    done = [len(t["out"]) <= 1 for t in turns]
+    waiting = [j for j in range(len(turns)) if not done[j]]
+    live: list[int] = []
+    finishing: list[int] = []  # rows whose last pass was the previous step
+    while True:
+        if schedule == "groups":
+            if not live and not finishing:
+                live, waiting = waiting[:batch], waiting[batch:]
+        else:
+            for j in [j for j in waiting if pred[j] is None or done[pred[j]]][:batch - len(live)]:
+                live.append(j)
+                waiting.remove(j)
+        active = list(live)
+        if propose is None:
+            finishing = []  # the oracle learns nothing
             if not active:
-                break
-            histories = [np.asarray(group[i]["prompt"] + group[i]["out"][:pos[i]]) for i in active]
-            if propose is None:
-                options = [[group[i]["out"][pos[i]:pos[i] + gamma]] for i in active]
-            else:
-                per = []
+                if not waiting:
+                    break
+                continue
+            options = [[turns[i]["out"][pos[i]:pos[i] + gamma]] for i in active]
+        else:
+            # vLLM calls the proposer after every pass with every row of that pass, a row that has
+            # just finished included: its last tokens reach the drafter (structure's trees and
+            # lookups learn them) and its draft is dropped. Keyed drafters get them by `retire`.
+            # The finished rows come last, so that a drafter's row k (StructureCall's notes and
+            # classes) is still active row k (rows are matched by their tokens, not their place).
+            called = active + finishing
+            if not called:
+                if not waiting:
+                    break
+                continue
+            histories = {i: np.asarray(turns[i]["prompt"] + turns[i]["out"][:pos[i]]) for i in called}
+            per = []
+            for d in drafters:
+                if getattr(d, "keyed", False):
+                    per.append(d([(i, len(turns[i]["prompt"]), histories[i], turns[i]["out"][told[i]:pos[i]])
+                                  for i in active]))
+                else:
+                    per.append(d([histories[i] for i in called])[:len(active)])
+            for i in active:
+                told[i] = pos[i]
+            finishing = []
+            if not active:
+                continue
+            options = [list(o) for o in zip(*per, strict=True)]
+        for k, (i, drafts) in enumerate(zip(active, options, strict=True)):
+            turn = turns[i]
+            truth = turn["out"][pos[i]:]
+            drafts = [[int(t) for t in dr] for dr in drafts]
+            if trim is not None and propose is not None:
+                drafts = [trim(turn, pos[i], dr) for dr in drafts]
+            pick = choose(drafts, truth, key=i, index=k) if len(drafts) > 1 else 0
+            pick, n = pick if isinstance(pick, tuple) else (pick, None)
+            picks[pick] += 1
+            draft = drafts[pick][:n]
+            a = _agree(draft, truth)
+            start = pos[i]
+            pos[i] = min(len(turn["out"]), pos[i] + a + 1)
+            drafted += len(draft)
+            accepted += a
+            passes += 1
+            if "classes" in turn:  # the class of the token the draft began at
+                c = by_class.setdefault(turn["classes"][start], {"passes": 0, "drafted": 0, "accepted": 0})
+                c["passes"] += 1
+                c["drafted"] += len(draft)
+                c["accepted"] += a
+            if pos[i] >= len(turn["out"]):
+                done[i] = True
+                live.remove(i)
+                finishing.append(i)
                 for d in drafters:
                     if getattr(d, "keyed", False):
-                        per.append(d([(g + i, len(group[i]["prompt"]), h, group[i]["out"][told[i]:pos[i]])
-                                      for i, h in zip(active, histories, strict=True)]))
-                    else:
-                        per.append(d(histories))
-                for i in active:
-                    told[i] = pos[i]
-                options = [list(o) for o in zip(*per, strict=True)]
-            for k, (i, drafts) in enumerate(zip(active, options, strict=True)):
-                truth = group[i]["out"][pos[i]:]
-                drafts = [[int(t) for t in dr] for dr in drafts]
-                if trim is not None and propose is not None:
-                    drafts = [trim(group[i], pos[i], dr) for dr in drafts]
-                pick = choose(drafts, truth, key=g + i, index=k) if len(drafts) > 1 else 0
-                pick, n = pick if isinstance(pick, tuple) else (pick, None)
-                picks[pick] += 1
-                draft = drafts[pick][:n]
-                a = _agree(draft, truth)
-                start = pos[i]
-                pos[i] = min(len(group[i]["out"]), pos[i] + a + 1)
-                drafted += len(draft)
-                accepted += a
-                passes += 1
-                if "classes" in group[i]:  # the class of the token the draft began at
-                    c = by_class.setdefault(group[i]["classes"][start],
-                                            {"passes": 0, "drafted": 0, "accepted": 0})
-                    c["passes"] += 1
-                    c["drafted"] += len(draft)
-                    c["accepted"] += a
-                if pos[i] >= len(group[i]["out"]):
-                    for d in drafters:
-                        if getattr(d, "keyed", False):
-                            d.retire(g + i, group[i]["out"][told[i]:])
+                        d.retire(i, turn["out"][told[i]:])
     row = {"passes": passes, "drafted": drafted, "accepted": accepted}
     if len(drafters) > 1:
         row["picks"] = picks
@@ -611,23 +672,31 @@ IDEAS = {
 SUFFIX_GRID = {"max_spec_factor": (0.5, 1.0, 2.0, 4.0), "min_token_prob": (0.05, 0.1, 0.2, 0.3)}
 
 
-def tuned_suffix(turns: list[dict], gamma: int, batch: int, delta: float, trim) -> tuple[dict, dict]:
+def tuned_suffix(turns: list[dict], gamma: int, batch: int, delta: float, trim,
+                 schedule: str = "agents") -> tuple[dict, dict]:
     """vLLM's suffix proposer with its two knobs tuned on these turns (the grid point of least cost
     passes + delta * drafted; in-sample: a bound on what tuning per trace set can give suffix)."""
     best, knobs = None, {}
     for factor in SUFFIX_GRID["max_spec_factor"]:
         for prob in SUFFIX_GRID["min_token_prob"]:
             row = simulate(turns, SuffixDrafter(gamma, max_spec_factor=factor, min_token_prob=prob), batch,
-                           trim=trim())
+                           trim=trim(), schedule=schedule)
             cost = row["passes"] + delta * row["drafted"]
             if best is None or cost < best["passes"] + delta * best["drafted"]:
                 best, knobs = row, {"max_spec_factor": factor, "min_token_prob": prob}
     return best, knobs
 
 
+_simulate = simulate
+
+
 def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int, delta: float,
-            ideas: bool, quick: bool = False) -> dict:
-    """`quick`: without structure-plain, union and union-bound (the rows that price knowledge)."""
+            ideas: bool, quick: bool = False, schedule: str = "agents") -> dict:
+    """`quick`: without structure-plain, union and union-bound (the rows that price knowledge);
+    `schedule`: simulate's ("agents": as the engine runs agents)."""
+    def simulate(*args, **kwargs):  # every row under the same schedule
+        return _simulate(*args, schedule=schedule, **kwargs)
+
     def trim():  # one GrammarTrim per replay: its matchers advance with the turns
         return GrammarTrim(grammars)
 
@@ -640,7 +709,7 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     rows["structure"] = simulate(turns, structure(), batch, trim=trim())
     rows["structure-wall"] = simulate(turns, structure_drafter(gamma, tools, boundary="wall"), batch,
                                       trim=trim())
-    tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim)
+    tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim, schedule)
     rows["suffix-tuned"] = {**tuned, "knobs": knobs}
     if not quick:
         rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
@@ -695,6 +764,9 @@ def main() -> None:
                     help="classify every step where suffix's draft beats structure's (see Explainer)")
     ap.add_argument("--boundary", default="price", choices=("wall", "price"),
                     help="--explain: the structure drafter's plan boundary")
+    ap.add_argument("--schedule", default="agents", choices=SCHEDULES,
+                    help="agents: rows start as the engine starts agents' turns (after the episode's "
+                         "previous turn); groups: the turns batch at a time (before 2026-12-02)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.capture:
@@ -714,7 +786,7 @@ def main() -> None:
             rows, summary = [], []
             for path, data in files:
                 got, row = explain_rows(data["turns"], data["tools"], data.get("grammars", []), g, args.batch,
-                                        set_label(data, path), args.boundary)
+                                        set_label(data, path), args.boundary, args.schedule)
                 rows += got
                 summary.append(f"{path}: {len(data['turns'])} turns, structure passes {row['passes']}, "
                                f"drafted {row['drafted']}, accepted {row['accepted']}")
@@ -735,7 +807,7 @@ def report(path: str, data: dict, gammas: list[int], args) -> None:
     turns = data["turns"]
     tokens = sum(len(t["out"]) - 1 for t in turns)
     result = {g: rows_at(turns, data["tools"], data.get("grammars", []), g, args.batch, args.delta,
-                         args.ideas, args.quick)
+                         args.ideas, args.quick, args.schedule)
               for g in gammas}
     if args.json:
         print(json.dumps({"turns_file": path, "traces": data.get("traces", "bundled"),

@@ -51,6 +51,53 @@ def test_a_wrong_draft_token_ends_the_accepted_prefix(offline):
     assert row == {"passes": 2, "drafted": 6, "accepted": 3}
 
 
+def test_a_finished_rows_last_tokens_reach_the_drafter_once(offline):
+    """Loss cause "last step" (a harness asymmetry): vLLM calls the proposer after every pass with
+    every row of it, a row that has just finished included, so structure's trees learn each turn's
+    last tokens as suffix's `retire` does. The replay does the same: each turn's whole output is seen
+    once, its draft dropped (no pass, nothing drafted), the other rows keep their places."""
+    turns = _turns([4, 9])
+    seen = []
+
+    def propose(histories):
+        seen.append([tuple(h) for h in histories])
+        return [[] for _ in histories]
+
+    row = offline.simulate(turns, propose, batch=2)
+    assert row == {"passes": 3 + 8, "drafted": 0, "accepted": 0}
+    full = [tuple(t["prompt"] + t["out"]) for t in turns]
+    assert sum(step.count(full[0]) for step in seen) == 1 and seen[-1] == [full[1]]
+    # turn 0 finished in the third pass: the next call has it after the active row, then it is gone
+    assert seen[3] == [full[1][:3 + 4], full[0]] and len(seen[4]) == 1
+
+
+def test_agents_schedule_starts_a_turn_after_its_episodes_previous_one(offline):
+    """Loss of fidelity "lockstep copies" (found on the demo's D-code turns, where later turns repeat
+    earlier ones word for word): replayed 8 at a time ("groups"), a turn ran beside its own episode's
+    earlier turn and drafted its repeat from the trees while both were written (structure 38 passes,
+    suffix 41 against the engine's 84 and 79). "agents" starts a turn once a row is free and its
+    predecessor (the turn whose prompt begins its prompt) has finished, as the engine's agents do."""
+    first = {"prompt": [1, 2], "out": [5, 6, 7, 8]}
+    second = {"prompt": [1, 2, 5, 6, 7, 8, 9], "out": [5, 6, 7, 8]}  # the episode's next turn
+    other = {"prompt": [3, 4], "out": [10, 11, 12]}
+    turns = [first, other, second]
+    assert offline.predecessors(turns) == [None, None, 0]
+    together = []
+
+    def propose(histories):
+        together.append(len(histories))
+        return [[] for _ in histories]
+
+    offline.simulate(turns, propose, batch=8, schedule="agents")
+    # first and other start together; second only once first is done (then first is seen a last time)
+    assert together[0] == 2 and max(together) == 2
+    groups = offline.simulate(turns, lambda h: [[] for _ in h], batch=8, schedule="groups")
+    agents = offline.simulate(turns, lambda h: [[] for _ in h], batch=8, schedule="agents")
+    assert groups == agents == {"passes": 3 + 2 + 3, "drafted": 0, "accepted": 0}
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        offline.simulate(turns, None, batch=8, schedule="fifo")
+
+
 def test_grammar_trim_keeps_the_prefix_the_turn_grammar_allows(offline):
     from transformers import AutoTokenizer
 

@@ -221,7 +221,7 @@ class CandidateBuilder:
                         if not close and not call.chains:  # ReAct's name/arguments: the forced text
                             break                          # ends where the grammar does
                     more, follow, matched = self._lookup(st, kind, law_class, seg_text + text)
-                    if forced and matched < len(forced) + self.plan.lookup_min_chars:
+                    if forced and matched < len(forced) + self._min_chars(kind):
                         break  # a match inside the forced text only echoes the grammar
                 if more and call is not None:
                     allowed = call.allowed_after(seg_text[len(opener):] + text, more)
@@ -298,8 +298,12 @@ class CandidateBuilder:
         same = st.corpora.get(kind.name)
         if not same or not self.plan.isolation:
             return "", "", 0
-        return continuation(query, [(same, len(same))], min_chars=self.plan.lookup_min_chars,
+        return continuation(query, [(same, len(same))], min_chars=self._min_chars(kind),
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
+
+    def _min_chars(self, kind) -> int:
+        """The shortest match a lookup continues in segments of this kind."""
+        return self.plan.lookup_min_chars_code if kind.content == "code" else self.plan.lookup_min_chars
 
     def _lookup(self, st: RowState, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
         if not self.plan.isolation:
@@ -311,7 +315,7 @@ class CandidateBuilder:
             if same:
                 corpora.append((same, len(same)))
             corpora.append((st.prompt_text, len(st.prompt_text)))
-        return continuation(seg_text, corpora, min_chars=self.plan.lookup_min_chars,
+        return continuation(seg_text, corpora, min_chars=self._min_chars(kind),
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
     def _tokens_for(self, st: RowState, text: str, parts: list[tuple[int, str]], *, keep_last: bool,

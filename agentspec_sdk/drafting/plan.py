@@ -55,6 +55,9 @@ class DraftPlan:
     records_path: str | None = None
     records_max_bytes: int | None = None  # rotate the records file past this size; None: 64 MiB
     lookup_min_chars: int = 3
+    # the same inside code (segment kinds of content "code": code blocks, Gemma's tool_code), where
+    # 3-5 characters (`(self`, `    re`) recur with many continuations (docs/drafting.md, issue 21)
+    lookup_min_chars_code: int = 6
     # SuffixDecoding's trees (arctic-inference) as a draft source inside segments; off when the
     # package is missing (logged) or for the ablation "structure-no-suffix"
     suffix_trees: bool = True
@@ -90,6 +93,10 @@ class DraftPlan:
                 or self.records_max_bytes < 4096):
             raise PlanError(f"plan: records_max_bytes must be None or an integer >= 4096, "
                             f"got {self.records_max_bytes!r}")
+        for name in ("lookup_min_chars", "lookup_min_chars_code"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"plan: {name} must be an integer >= 1, got {value!r}")
         factor, prob = self.suffix_max_spec_factor, self.suffix_min_token_prob
         if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
             raise PlanError(f"plan: suffix_max_spec_factor must be a number > 0, got {factor!r}")
