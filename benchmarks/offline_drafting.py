@@ -34,6 +34,7 @@ per row), whose ratio to `off` predicts the decode speedup; `÷stock` is the bes
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import numpy as np
@@ -687,15 +688,11 @@ def tuned_suffix(turns: list[dict], gamma: int, batch: int, delta: float, trim,
     return best, knobs
 
 
-_simulate = simulate
-
-
 def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int, delta: float,
             ideas: bool, quick: bool = False, schedule: str = "agents") -> dict:
     """`quick`: without structure-plain, union and union-bound (the rows that price knowledge);
     `schedule`: simulate's ("agents": as the engine runs agents)."""
-    def simulate(*args, **kwargs):  # every row under the same schedule
-        return _simulate(*args, schedule=schedule, **kwargs)
+    replay = functools.partial(simulate, schedule=schedule)  # every row under the same schedule
 
     def trim():  # one GrammarTrim per replay: its matchers advance with the turns
         return GrammarTrim(grammars)
@@ -704,30 +701,30 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     plain = lambda: structure_drafter(gamma, tools, suffix_trees=False)  # noqa: E731
     tokens = sum(len(t["out"]) - 1 for t in turns)
     rows = {"off": {"passes": tokens, "drafted": 0, "accepted": 0}}
-    rows["ngram"] = simulate(turns, ngram_drafter(gamma), batch, trim=trim())
-    rows["suffix"] = simulate(turns, SuffixDrafter(gamma), batch, trim=trim())
-    rows["structure"] = simulate(turns, structure(), batch, trim=trim())
-    rows["structure-wall"] = simulate(turns, structure_drafter(gamma, tools, boundary="wall"), batch,
+    rows["ngram"] = replay(turns, ngram_drafter(gamma), batch, trim=trim())
+    rows["suffix"] = replay(turns, SuffixDrafter(gamma), batch, trim=trim())
+    rows["structure"] = replay(turns, structure(), batch, trim=trim())
+    rows["structure-wall"] = replay(turns, structure_drafter(gamma, tools, boundary="wall"), batch,
                                       trim=trim())
     tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim, schedule)
     rows["suffix-tuned"] = {**tuned, "knobs": knobs}
     if not quick:
-        rows["structure-plain"] = simulate(turns, plain(), batch, trim=trim())
-        rows["union"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
-        rows["union-bound"] = simulate(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(),
+        rows["structure-plain"] = replay(turns, plain(), batch, trim=trim())
+        rows["union"] = replay(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(), choose=longer)
+        rows["union-bound"] = replay(turns, (plain(), SuffixDrafter(gamma)), batch, trim=trim(),
                                        choose=better)
     if ideas:
-        rows["suffix-own"] = simulate(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
-        rows["suffix-finished"] = simulate(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
-        rows["suffix-by-tools"] = simulate(turns, SuffixTrees(gamma, key=system_prompt_key()), batch,
+        rows["suffix-own"] = replay(turns, SuffixTrees(gamma, share="none"), batch, trim=trim())
+        rows["suffix-finished"] = replay(turns, SuffixTrees(gamma, share="finished"), batch, trim=trim())
+        rows["suffix-by-tools"] = replay(turns, SuffixTrees(gamma, key=system_prompt_key()), batch,
                                            trim=trim())
-        rows["suffix-conf"] = simulate(turns, SuffixDrafter(gamma, cut=delta), batch, trim=trim())
-        rows["suffix-f2"] = simulate(turns, SuffixDrafter(gamma, max_spec_factor=2.0), batch, trim=trim())
-        rows["union-conf"] = simulate(turns, (plain(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
+        rows["suffix-conf"] = replay(turns, SuffixDrafter(gamma, cut=delta), batch, trim=trim())
+        rows["suffix-f2"] = replay(turns, SuffixDrafter(gamma, max_spec_factor=2.0), batch, trim=trim())
+        rows["union-conf"] = replay(turns, (plain(), SuffixDrafter(gamma, cut=delta)), batch, trim=trim(),
                                       choose=longer)
         st, sx = plain(), SuffixDrafter(gamma)
-        rows["union-ev"] = simulate(turns, (st, sx), batch, trim=trim(), choose=ExpectedGain(st, sx, delta))
-    rows["oracle"] = simulate(turns, None, batch, gamma)
+        rows["union-ev"] = replay(turns, (st, sx), batch, trim=trim(), choose=ExpectedGain(st, sx, delta))
+    rows["oracle"] = replay(turns, None, batch, gamma)
     for row in rows.values():
         row["cost"] = row["passes"] + delta * row["drafted"]
         row["predicted_speedup"] = rows["off"]["passes"] / row["cost"]
