@@ -65,3 +65,32 @@ def test_the_policy_acts_first_and_may_answer_last(episode):
     assert "Final Answer:" in last and last != acting
     calls = loop.turn_calls("react", 'Thought: x\nAction: cd\nAction Input: {"folder":"document"}\n')
     assert calls == [{"name": "cd", "arguments": {"folder": "document"}}]
+
+
+def test_the_acting_grammar_survives_a_drafter_validating_drafts(episode):
+    """vLLM validates every row's draft against the request grammar at every step. The thought line
+    once was `[^\\n]{1,200}` intersected with "no marker", whose derivatives llguidance's lexer
+    builds per (length, marker prefix): validating drafts taken from the text itself (what suffix
+    trees draft) put the matcher in "lexer error: too many expressions constructed" after 4 tokens
+    (issue 21: every later draft of that turn was then rejected)."""
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+
+    hf = AutoTokenizer.from_pretrained(str(resolve_model()))
+    grammar = turn_grammar("react", ToolRegistry(episode.tools), tool_choice="call",
+                           thought_chars=loop.THOUGHT_CHARS)
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(hf),
+                                   llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    text = ('Thought: I need to find the "Action Input" of the booking first, so I call the tool that '
+            'lists every file and then check the folder before I decide what to do next.\nAction: ls\n'
+            'Action Input: {"a":true}\n')
+    ids = hf.encode(text, add_special_tokens=False)
+    for i, token in enumerate(ids):
+        if i < 12:  # the error came within the first tokens of the line
+            for k in range(0, len(ids), 2):
+                matcher.validate_tokens(ids[k:k + 16])
+        assert matcher.consume_token(token), (i, matcher.get_error())
+    assert not matcher.is_error() and matcher.is_accepting()

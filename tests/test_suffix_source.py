@@ -38,6 +38,22 @@ def test_finished_rows_feed_the_global_tree():
     assert trees.speculate(a, np.array([7, 8]), 8) == ([], [])  # a stopped row drafts nothing
 
 
+def test_extension_is_the_longer_draft_past_suffix_own():
+    """At spec factor 1 a 3-token match drafts 3 tokens; the extension at factor 2 holds the next 3,
+    and nothing when the longer draft does not begin with the row's own or no extension is set."""
+    trees = SuffixTrees(extend_factor=2.0)
+    key = trees.start(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]))
+    context = np.array([50, 1, 2, 3])
+    base, _ = trees.speculate(key, context, 16)
+    assert base == [4, 5, 6]
+    more, conf = trees.extension(key, context, 16, base)
+    assert more == [7, 8, 9] and len(conf) == 3 and all(0.0 <= c <= 1.0 for c in conf)
+    assert trees.extension(key, context, 16, [4, 5, 7]) == ([], [])  # not suffix's own draft
+    assert trees.extension(key, context, 3, base) == ([], [])  # suffix's own draft already fills γ
+    trees.extend_factor = None
+    assert trees.extension(key, context, 16, base) == ([], [])
+
+
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer
@@ -109,8 +125,9 @@ def test_expected_value_compares_tree_and_learned_candidates(tok):
     assert drafter._expected(lookup) == pytest.approx(a + a * a + a ** 3)
 
 
-def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>"):
-    """Row A writes a sentence and `then` (opens a tool call); row B begins the same sentence: B's draft."""
+def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>", left: int = 4):
+    """Row A writes a sentence and `then` (opens a tool call); row B begins the same sentence and has
+    `left` tokens of it to write: B's draft."""
     drafter = StructureDrafter(plan, tok)
     said = " First we book the train to Lyon, then the hotel near the station."
     a_prompt = _history(tok, "")
@@ -121,7 +138,7 @@ def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>"):
     msgs = [{"role": "system", "content": "Think, then call tools as <tool_call>{...}</tool_call>."},
             {"role": "user", "content": "Another user, another request entirely."}]
     b_prompt = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
-    at = len(tok.encode(said)) - 4  # four tokens of the sentence left, then the marker
+    at = len(tok.encode(said)) - left  # `left` tokens of the sentence left, then the marker
     b_ids = np.array(b_prompt + a_out[:at].tolist(), dtype=np.int64)
     drafts = drafter.propose([RowInput(np.concatenate([a_prompt, a_out])), RowInput(b_ids)])
     return drafts[1], drafter._rows[1].pending, a_out[at:].tolist()
@@ -143,6 +160,39 @@ def test_boundary_price_switch(tok):
     assert dear == wall and "cross" not in dear_pending.sources
     with pytest.raises(Exception, match="boundary"):
         DraftPlan(boundary="open")
+
+
+def test_extension_past_the_spec_factor_is_priced(tok):
+    """B has written 3 tokens of A's sentence: the global tree matches those 3, so suffix's spec factor
+    1 drafts 3 tokens; the extension (factor 2) adds the next 3 as source "extend", worth their
+    confidence times the learned acceptance of (R, "extend") (here the prior, 0.45), sent where that
+    pays: at delta 0.02 they are, at delta 0.3 not; with no extension factor, never."""
+    left = len(tok.encode(" First we book the train to Lyon, then the hotel near the station.")) - 3
+    cheap, pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False), left=left)
+    assert pending.sources == ["suffix"] * 3 + ["extend"] * 3 and cheap == truth[:6]
+    dear, dear_pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, delta=0.3), left=left)
+    assert dear == truth[:3] and dear_pending.sources == ["suffix"] * 3
+    off, off_pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, suffix_extend_factor=None),
+                                      left=left)
+    assert off == truth[:3] and off_pending.sources == ["suffix"] * 3
+    with pytest.raises(Exception, match="suffix_extend_factor"):
+        DraftPlan(suffix_extend_factor=-1)
+
+
+def test_the_row_choice_weighs_the_tree_without_its_extension(tok):
+    """Loss cause (code_agent, issue 21): weighed with its `extend` tokens a tree draft won rows where
+    the row's own lookup was accepted further. The choice weighs the tree as suffix would draft it;
+    the extension only lengthens a tree draft that won."""
+    drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok)
+    tree = Candidate([1, 2, 3, 4, 5, 6], ["suffix"] + ["extend"] * 5, "code", "R", [0.5] + [1.0] * 5)
+    own = Candidate([7, 8, 9], ["lookup"] * 3, "code", "R", [0.9, 0.9, 0.9])
+    drafter._structure_candidate = lambda st: own
+    drafter._suffix_candidate = lambda st, note=None: tree
+    assert drafter._worth(tree) > drafter._worth(own)  # the whole tree draft would have won
+    assert drafter._choose(None) is own
+    better = Candidate([1, 2, 3, 4, 5], ["suffix"] * 3 + ["extend"] * 2, "code", "R", [1.0] * 5)
+    drafter._suffix_candidate = lambda st, note=None: better
+    assert drafter._choose(None) is better  # won on suffix's own tokens: sent with its extension
 
 
 def test_a_draft_never_ends_with_the_turn_end(tok):

@@ -197,8 +197,9 @@ def test_call_only_shapes_are_arguments(lark_parsers):
         'start: "<tool_call>" (turn_tool_call) "</tool_call>"\n' + body
     acting = turn_grammar(REACT, REGISTRY, tool_choice="required", thought_chars=20)
     assert acting.startswith('start: "Thought: " REACT_THOUGHT "\\n" "Action:" " "? turn_react_call')
-    assert acting.endswith("REACT_THOUGHT: /[^\\n]{1,20}/ & ~/(?s:.*(?:Action\\ Input:|Final\\ Answer:|"
-                           "Observation:|Thought:|Action:).*)/\n")
+    # the bounded line alone: intersected with "no marker" it overran llguidance's lexer limit while
+    # drafts were validated (test_react_agent.py)
+    assert acting.endswith("REACT_THOUGHT: /[^\\n]{1,20}/\n")
     assert acting == turn_grammar(REACT, REGISTRY, tool_choice="call", thought_chars=20)
     with pytest.raises(FormatError, match="single_call needs the 'tool_calls' layout and tool_choice='call'"):
         turn_grammar(REACT, REGISTRY, tool_choice="call", single_call=True)

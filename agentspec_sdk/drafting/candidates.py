@@ -67,7 +67,7 @@ class CandidateBuilder:
                 note["tree"] = self._suffix_candidate(st, note)
             return self._through(st, own, note) if priced else own
         tree = note["tree"] = self._suffix_candidate(st, note)
-        if tree is not None and (own is None or self._worth(tree) > self._worth(own)):
+        if tree is not None and (own is None or self._worth(_unextended(tree)) > self._worth(own)):
             self.suffix_chosen += 1
             note["rule"] = "tree"
             return tree
@@ -92,13 +92,18 @@ class CandidateBuilder:
         """SuffixDecoding's draft for this row, cut where the current segment ends (boundary "wall")
         or priced past it (boundary "price": the tokens after the end are source "cross")."""
         tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma)
+        kind = st.fmt.kind(st.seg.kind)
+        law_class = kind.law_class.value
+        sources = ["suffix"] * len(tokens)
+        more, more_conf = self.trees.extension(st.tree_key, st.tail, self.gamma, tokens)
+        if more:  # past what suffix's spec factor allows: priced by the learned acceptance of "extend"
+            extend = self.accounting.acceptance.alpha(law_class, "extend", kind.name)
+            tokens, conf = tokens + more, conf + [c * extend for c in more_conf]
+            sources += ["extend"] * len(more)
         if note is not None:
             note["tree_raw"], note["tree_conf"] = list(tokens), list(conf)
         if not tokens:
             return None
-        kind = st.fmt.kind(st.seg.kind)
-        law_class = kind.law_class.value
-        sources = ["suffix"] * len(tokens)
         if self.plan.isolation:
             keep = tokens_inside(self.token_bytes, st.seg, tokens)
             if self.plan.boundary == "price" and keep < len(tokens):
@@ -335,6 +340,18 @@ class CandidateBuilder:
         tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
                                   probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
+
+
+def _unextended(tree: Candidate) -> Candidate:
+    """The tree's draft without its `extend` tokens: what the row's choice between the tree and its
+    own candidate weighs. Weighed with them, a longer tree draft won rows in code where own's lookup
+    was accepted further (code_agent −0.4 to −0.8% at γ 16 b 8 and b 1, docs/drafting.md); the
+    extension only lengthens a draft the tree has won on suffix's own terms."""
+    if "extend" not in tree.sources:
+        return tree
+    n = tree.sources.index("extend")
+    conf = tree.confidences[:n] if tree.confidences is not None else None
+    return Candidate(tree.tokens[:n], tree.sources[:n], tree.kind, tree.law_class, conf)
 
 
 def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:

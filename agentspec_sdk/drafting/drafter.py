@@ -102,15 +102,15 @@ class StructureDrafter(CandidateBuilder):
         self._proto: dict[tuple, CallMatcher] = {}
         self._forget_rows(self._rows)
         self._rows = []  # formats or tools changed: rebuild every row's state
-        if plan.suffix_trees and self.trees is not None and (
-                (self.trees.max_spec_factor, self.trees.min_token_prob)
-                != (plan.suffix_max_spec_factor, plan.suffix_min_token_prob)):
+        if plan.suffix_trees and self.trees is not None:  # the knobs apply from the next step on
             self.trees.max_spec_factor = plan.suffix_max_spec_factor
             self.trees.min_token_prob = plan.suffix_min_token_prob
+            self.trees.extend_factor = plan.suffix_extend_factor
         if plan.suffix_trees and self.trees is None:
             if suffix_available():
                 self.trees = SuffixTrees(max_spec_factor=plan.suffix_max_spec_factor,
-                                         min_token_prob=plan.suffix_min_token_prob)
+                                         min_token_prob=plan.suffix_min_token_prob,
+                                         extend_factor=plan.suffix_extend_factor)
             else:
                 log.warning("arctic-inference is not installed: the structure drafter runs without suffix "
                             "trees")

@@ -64,6 +64,9 @@ class DraftPlan:
     # the trees' two knobs (vLLM's suffix_decoding_max_spec_factor / _min_token_prob; vLLM's defaults)
     suffix_max_spec_factor: float = 1.0
     suffix_min_token_prob: float = 0.1
+    # the trees' draft at this larger spec factor: its tokens past the factor-1 draft are a source of
+    # their own ("extend", priced by their learned acceptance per class and kind); None: none
+    suffix_extend_factor: float | None = 2.0
     version: int = 0
 
     def __post_init__(self) -> None:
@@ -102,6 +105,9 @@ class DraftPlan:
             raise PlanError(f"plan: suffix_max_spec_factor must be a number > 0, got {factor!r}")
         if isinstance(prob, bool) or not isinstance(prob, int | float) or not 0 <= prob <= 1:
             raise PlanError(f"plan: suffix_min_token_prob must be in [0, 1], got {prob!r}")
+        ext = self.suffix_extend_factor
+        if ext is not None and (isinstance(ext, bool) or not isinstance(ext, int | float) or ext <= 0):
+            raise PlanError(f"plan: suffix_extend_factor must be None or a number > 0, got {ext!r}")
         if self.boundary not in ("wall", "price"):
             raise PlanError(f"plan: boundary must be 'wall' or 'price', got {self.boundary!r}")
         if not self.formats:

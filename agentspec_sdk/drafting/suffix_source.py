@@ -45,7 +45,8 @@ class SuffixTrees:
     """One SuffixDecodingCache over the rows the drafter tracks."""
 
     def __init__(self, max_tree_depth: int = MAX_TREE_DEPTH, max_cached_requests: int = MAX_CACHED_REQUESTS,
-                 max_spec_factor: float = MAX_SPEC_FACTOR, min_token_prob: float = MIN_TOKEN_PROB):
+                 max_spec_factor: float = MAX_SPEC_FACTOR, min_token_prob: float = MIN_TOKEN_PROB,
+                 extend_factor: float | None = None):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth,
@@ -53,6 +54,8 @@ class SuffixTrees:
         self.depth = max_tree_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
+        # a second, longer draft at this spec factor (None: none); see `extension`
+        self.extend_factor = extend_factor
         self._ids = itertools.count()
 
     def start(self, history: np.ndarray) -> int:
@@ -78,10 +81,37 @@ class SuffixTrees:
         draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens,
                                      max_spec_factor=self.max_spec_factor,
                                      min_token_prob=self.min_token_prob)
-        tokens = [int(t) for t in draft.token_ids]
-        path = [float(p) for p in draft.probs]
-        conf, before = [], 1.0
-        for p in path:
-            conf.append(min(p / before, 1.0) if before > 0 else 0.0)
-            before = p
-        return tokens, conf
+        return _tokens_and_confidences(draft)
+
+    def extension(self, key: int, history: np.ndarray, max_tokens: int,
+                  base: list[int]) -> tuple[list[int], list[float]]:
+        """The tokens a draft at `extend_factor` holds past `base` (this row's draft at
+        `max_spec_factor`), with their conditional confidences; nothing when the longer draft does not
+        begin with `base` (the cache then preferred another match: suffix's own draft stands) or when
+        no extension is set.
+
+        The spec factor caps a draft at factor × the matched context's length. At factor 2 suffix
+        gains on some traffic (ReAct at γ 16) and loses on other (code at b 1): its tokens past what
+        factor 1 allows are sent either way. Here they are a source of their own ("extend"), priced
+        per row like every other source, so they go only where their learned acceptance pays."""
+        factor = self.extend_factor
+        if not factor or factor <= self.max_spec_factor or len(base) >= max_tokens \
+                or key not in self.cache.active_requests:
+            return [], []
+        context = np.ascontiguousarray(history[-self.depth:], dtype=np.int32)
+        draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens, max_spec_factor=factor,
+                                     min_token_prob=self.min_token_prob)
+        tokens, conf = _tokens_and_confidences(draft)
+        n = len(base)
+        if len(tokens) <= n or tokens[:n] != list(base):
+            return [], []
+        return tokens[n:], conf[n:]
+
+
+def _tokens_and_confidences(draft) -> tuple[list[int], list[float]]:
+    tokens = [int(t) for t in draft.token_ids]
+    conf, before = [], 1.0
+    for p in (float(p) for p in draft.probs):
+        conf.append(min(p / before, 1.0) if before > 0 else 0.0)
+        before = p
+    return tokens, conf

@@ -65,8 +65,8 @@ def turn_grammar(
     ``<tool_call>``); llguidance must then see them as ``<tool_call>`` (token syntax), not as text.
     `single_call` (layout ``tool_calls``, ``tool_choice="call"``): the turn is one call in the call
     markers and nothing else. `thought_chars` (layout ``react``, a turn that must act, llguidance
-    only): the turn starts with the thought marker, one line of at most that many characters without
-    a marker, then the action and its input; it ends there.
+    only): the turn starts with the thought marker, one line of at most that many characters, then
+    the action and its input; it ends there.
     """
     if dialect not in ("llguidance", "lark"):
         raise ValueError(f"dialect must be 'llguidance' or 'lark', not {dialect!r}")
@@ -264,10 +264,15 @@ def _react(b, fmt, tools, avoid, shape: _Shape) -> None:
     # One line of thought, then the action: a free thought lets a small model talk to max_tokens
     # without ever acting. (The step rule above stays, unused, so that the rest of the text is the
     # same as the free turn's.)
-    markers = "|".join(re.escape(m) for m in sorted(avoid, key=lambda m: (-len(m), m)))
+    # The line is not also kept free of markers (`& ~/…/` as the free texts are): the product of a
+    # {1,N} counter and the markers' automaton makes llguidance's lexer build a new expression per
+    # (length, marker prefix), and validating a drafter's drafts at every step exceeds its default
+    # limit within a few tokens ("lexer error: too many expressions constructed"; the matcher stays
+    # in error and rejects every later draft of the turn). A marker inside the line is then thought text
+    # to the grammar; the segmenter splits there as in any other text.
     action = b.lit(fmt.kind("action").open[0])
     b.rule(b.start, f'{b.lit(thought.open[0] + " ")} REACT_THOUGHT "\\n" {action} " "? {union} "\\n"?')
-    b.tail.append(f"REACT_THOUGHT: /[^\\n]{{1,{shape.thought_chars}}}/ & ~/(?s:.*(?:{markers}).*)/\n")
+    b.tail.append(f"REACT_THOUGHT: /[^\\n]{{1,{shape.thought_chars}}}/\n")
 
 
 def _code(b, fmt, tools, avoid, shape: _Shape) -> None:
