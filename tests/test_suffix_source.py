@@ -195,6 +195,45 @@ def test_the_row_choice_weighs_the_tree_without_its_extension(tok):
     assert drafter._choose(None) is better  # won on suffix's own tokens: sent with its extension
 
 
+def test_the_row_choice_learns_its_bias_from_the_tokens_revealed(tok):
+    """A wrong choice moves the bias of own's (kind, source) one step toward the candidate passed
+    over (judged on the tokens the target wrote after the draft), until the choice flips; a right
+    choice or a tie leaves it; `learn_choice: false` compares the worths as they are."""
+    from types import SimpleNamespace
+
+    from agentspec_sdk.drafting.drafter import CHOICE_STEP
+
+    drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok)
+    tree = Candidate([1, 2, 3], ["suffix"] * 3, "code", "R", [1.0, 0.5, 0.5])
+    own = Candidate([1, 7, 8, 9], ["lookup"] * 4, "code", "R", [0.6] * 4)
+    drafter._structure_candidate = lambda st: own
+    drafter._suffix_candidate = lambda st, note=None: tree
+    gap = drafter._worth(tree) - drafter._worth(own)
+    assert gap > 0
+    row = SimpleNamespace(contest=None)
+    key = ("code", "lookup")
+    drafter._judge_choice((key, True, [1, 7]), 1, [1, 2, 5])  # a tie at 1 token: no move
+    assert key not in drafter.choice_bias
+    flips = 0
+    while drafter._choose(row) is tree and flips < 100:  # the target writes own's tokens: a wrong pick
+        assert row.contest == (key, True, [1, 7, 8, 9])  # own as the budget would send it
+        drafter._judge_choice(row.contest, 1, [1, 7, 8, 9, 4])
+        flips += 1
+    assert flips == int(gap // CHOICE_STEP) + 1 and drafter.choice_bias[key] > gap
+    assert row.contest == (key, False, [1, 2, 3])
+    assert drafter.stats()["choice_bias"]["code/lookup"] == pytest.approx(drafter.choice_bias[key], abs=1e-3)
+    before = drafter.choice_bias[key]
+    drafter._judge_choice(row.contest, 4, [1, 7, 8, 9, 4])  # own chosen and right: no move
+    assert drafter.choice_bias[key] == before
+    drafter._judge_choice(row.contest, 1, [1, 2, 3, 4])  # own chosen, the tree went further
+    assert drafter.choice_bias[key] == pytest.approx(before - CHOICE_STEP)
+    off = StructureDrafter(DraftPlan(tools=[], learn_delta=False, learn_choice=False), tok)
+    off.choice_bias[key] = 10.0
+    off._structure_candidate, off._suffix_candidate = drafter._structure_candidate, drafter._suffix_candidate
+    row = SimpleNamespace(contest=None)
+    assert off._choose(row) is tree and row.contest is None
+
+
 def test_a_draft_never_ends_with_the_turn_end(tok):
     """Accepted, a trailing turn end saves nothing (the target's own token in the same pass ends the
     turn too): the tree's draft that ends the turn loses its last token, with any boundary."""

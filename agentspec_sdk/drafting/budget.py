@@ -68,16 +68,21 @@ def row_prices(price: float, rows: int, contexts, delta_ctx: float, ref_ctx: flo
     return np.array([batch_price(max(price + s, 0.0), rows) for s in shift])
 
 
+def sent_length(confidences, price: float, gamma_max: int) -> int:
+    """How many tokens of a draft the budget sends a row without a step cap: the prefix whose
+    values v_j = Π_{i≤j} confidence_i are ≥ `price`, at most `gamma_max`."""
+    values = np.cumprod(np.asarray(confidences, dtype=float)[: max(int(gamma_max), 0)])
+    paid = values >= price
+    return int(values.size) if paid.all() else int(np.argmin(paid))
+
+
 def sent_value(confidences, price: float, gamma_max: int) -> float:
     """Expected accepted tokens of the part of a draft the budget sends: Σ_j v_j over the prefix
     with v_j = Π_{i≤j} confidence_i ≥ `price`, at most `gamma_max` tokens (what `allocate` gives a
     row without a step cap). Comparing candidates by this, not by Σ over the whole candidate, weighs
     them as they will be sent."""
     values = np.cumprod(np.asarray(confidences, dtype=float)[: max(int(gamma_max), 0)])
-    paid = values >= price
-    if not paid.all():
-        values = values[: int(np.argmin(paid))]
-    return float(values.sum())
+    return float(values[: sent_length(confidences, price, gamma_max)].sum())
 
 
 def predicted_saving(alphas: np.ndarray, gammas: np.ndarray, delta: float, d: float) -> np.ndarray:

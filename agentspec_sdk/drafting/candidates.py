@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentspec_sdk.drafting.budget import sent_value
+from agentspec_sdk.drafting.budget import sent_length, sent_value
 from agentspec_sdk.drafting.forced import (
     ArgsMatcher,
     CallMatcher,
@@ -35,8 +35,8 @@ TRIMMED_PROBES = ("a", "0", '"')
 
 class CandidateBuilder:
     """Builds each row's `Candidate`; the drafter (its subclass) holds `plan`, `gamma`, `ll`, `end_ids`,
-    `token_bytes`, `trees`, `accounting`, `explain`, `suffix_chosen`, `_registry`, `_call_grammar` and
-    `_proto` (one prototype matcher per grammar)."""
+    `token_bytes`, `trees`, `accounting`, `explain`, `suffix_chosen`, `choice_bias`, `_registry`,
+    `_call_grammar` and `_proto` (one prototype matcher per grammar)."""
 
     def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """The row's draft before sizing. `note` (explain mode): filled with what was weighed.
@@ -45,6 +45,7 @@ class CandidateBuilder:
         nothing (the target's own next token in the same pass would have ended the turn too), and
         nothing after it can be accepted (the turn is over). A tree's draft priced past a segment
         end (boundary "price") can hold one in its middle, e.g. `</tool_call><|im_end|>…`."""
+        st.contest = None
         cand = self._choose(st, note)
         if cand is None or self.end_ids.isdisjoint(cand.tokens):
             return cand
@@ -67,11 +68,26 @@ class CandidateBuilder:
                 note["tree"] = self._suffix_candidate(st, note)
             return self._through(st, own, note) if priced else own
         tree = note["tree"] = self._suffix_candidate(st, note)
-        if tree is not None and (own is None or self._worth(_unextended(tree)) > self._worth(own)):
+        if tree is not None and (own is None or self._tree_wins(st, own, tree)):
             self.suffix_chosen += 1
             note["rule"] = "tree"
             return tree
         return self._through(st, own, note) if priced and own is not None else own
+
+    def _tree_wins(self, st: RowState | None, own: Candidate, tree: Candidate) -> bool:
+        """The row's choice between its own candidate and the tree's: by worth at the row's price, the
+        tree without its extension (`_unextended`), own's worth raised by the bias learned for own's
+        (segment kind, source) from earlier choices (`StructureDrafter._judge_choice`). The candidate
+        passed over is kept on the row, as the budget would send it, to judge this choice by."""
+        key = (own.kind, own.source)
+        learn = self.plan.learn_choice
+        base = _unextended(tree)
+        wins = self._worth(base) > self._worth(own) + (self.choice_bias.get(key, 0.0) if learn else 0.0)
+        if st is not None and learn:
+            passed = own if wins else base
+            n = sent_length(self._confidences(passed), self.row_price, self.gamma)
+            st.contest = (key, wins, passed.tokens[:n])
+        return wins
 
     def _through(self, st: RowState, own: Candidate, note: dict) -> Candidate:
         """Own candidate continued past the segment end by the tree (boundary "price"): when the

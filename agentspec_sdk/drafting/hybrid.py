@@ -66,6 +66,7 @@ class HybridDrafter(StructureDrafter):
             return own
         if model is not None:
             self.model_chosen += 1
+        st.contest = None  # the sent draft is the model's: it judges no choice between own and the tree
         return model
 
     def _model_candidate(self, st: RowState, tokens: list[int]) -> Candidate | None:

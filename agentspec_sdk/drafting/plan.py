@@ -67,6 +67,10 @@ class DraftPlan:
     # the trees' draft at this larger spec factor: its tokens past the factor-1 draft are a source of
     # their own ("extend", priced by their learned acceptance per class and kind); None: none
     suffix_extend_factor: float | None = 2.0
+    # learn, per (segment kind, own candidate's source), a bias added to own's worth in the row's choice
+    # between own and the tree, from which of the two the target's tokens show went further
+    # (drafter._judge_choice); False: the worths compared as they are
+    learn_choice: bool = True
     version: int = 0
 
     def __post_init__(self) -> None:

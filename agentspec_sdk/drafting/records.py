@@ -85,15 +85,21 @@ class PendingDraft:
     sources: list[str] | None = None  # per token (a draft chains forced text, lookups, repeats)
 
 
+def agreement(draft, tokens) -> int:
+    """How many leading tokens of `draft` equal `tokens`."""
+    n = 0
+    for drafted_tok, real_tok in zip(draft, tokens, strict=False):
+        if int(drafted_tok) != int(real_tok):
+            break
+        n += 1
+    return n
+
+
 def resolve(pending: PendingDraft, new_tokens, verified: int | None = None) -> DraftRound:
     """Compare a draft with the tokens the row holds after it now. `verified`, when known, is how many
     draft tokens vLLM accepted in the step that verified this draft: a token the grammar trimmed was
     never verified, even when the target then wrote the same token, so acceptance never exceeds it."""
-    accepted = 0
-    for drafted_tok, real_tok in zip(pending.tokens, new_tokens, strict=False):
-        if int(drafted_tok) != int(real_tok):
-            break
-        accepted += 1
+    accepted = agreement(pending.tokens, new_tokens)
     if verified is not None:
         accepted = min(accepted, max(0, int(verified)))
     return DraftRound(pending.position, pending.prefix_hash, pending.kind, pending.law_class,

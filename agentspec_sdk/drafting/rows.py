@@ -78,7 +78,7 @@ class RowState:
     is recognised by its length and its last `TAIL` tokens."""
 
     __slots__ = ("tail", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
-                 "call", "call_start", "pending", "trees", "tree_key")
+                 "call", "call_start", "pending", "contest", "trees", "tree_key")
 
     def __init__(self, drafter: RowContext, ids: np.ndarray):
         ids = np.asarray(ids, dtype=np.int64)
@@ -106,6 +106,9 @@ class RowState:
         self.call: CallMatcher | None = None
         self.call_start = -1
         self.pending: PendingDraft | None = None
+        # the row's source choice this step, judged when the target's tokens come (drafter._resolve):
+        # (choice key, the tree was chosen, the passed-over candidate's tokens as the budget would send them)
+        self.contest: tuple | None = None
 
     def matches(self, ids: np.ndarray, max_growth: int) -> bool:
         n = self.n
