@@ -45,7 +45,8 @@ with Engine(speculation=mode, **kw) as engine:
     passes = engine.pass_log(began, time.time())
     prop = engine.proposer()
     stats = engine.stats()
-    print(json.dumps({"results": [[r.request_id, r.error, r.token_ids] for r in results], "wall_s": wall,
+    print(json.dumps({"results": [[r.request_id, r.error, r.token_ids, r.passes] for r in results],
+                      "wall_s": wall,
                       "passes": passes, "vllm": stats["vllm"], "acceptance": stats["acceptance"],
                       "proposer": prop.stats() if prop is not None and hasattr(prop, "stats") else None},
                      default=str))
@@ -80,7 +81,7 @@ def summarize(mode: str, layers: int | None, out: dict, off: dict | None, gamma:
     vllm = out["vllm"]
     drafted, accepted = vllm.get("num_draft_tokens", 0), vllm.get("num_accepted_tokens", 0)
     row = {"mode": mode, "layers": layers, "output_tokens": tokens, "drafted": drafted, "accepted": accepted,
-           "passes": tokens - accepted, "wall_s": out["wall_s"],
+           "passes": sum(r[3] for r in out["results"]), "wall_s": out["wall_s"],
            "tok_s": tokens / out["wall_s"] if out["wall_s"] else None,
            "by_class": out["acceptance"], **draft_cost(out, gamma)}
     if off is not None:

@@ -68,9 +68,10 @@ def run_mode(mode: str, n: int, max_tokens: int, gamma: int) -> dict:
             accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
             drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
             tokens = sum(len(r.token_ids) for r in results)
-            out[fmt.name] = {"turns": len(results), "output_tokens": tokens, "passes": tokens - accepted,
+            passes = sum(r.passes for r in results)  # the engine's count per turn
+            out[fmt.name] = {"turns": len(results), "output_tokens": tokens, "passes": passes,
                              "drafted": drafted, "accepted": accepted,
-                             "cost": tokens - accepted + DELTA * drafted,
+                             "cost": passes + DELTA * drafted,
                              "outputs": {r.request_id: r.token_ids for r in results},
                              "sample": results[0].text[:160]}
         return out

@@ -12,9 +12,10 @@ responses (suffix decoding's global tree) holds the answers of the other batch s
 Per setting and batch size: decode_tok_s (output tokens after the first, over the time from each
 group's first token to its last finish), e2e_s (mean per turn), mean_accepted_len (vLLM: 1 + accepted
 draft tokens per draft step), proposer_share (proposer seconds / engine step seconds), and how many
-outputs are token-identical to `off`; and the deterministic counts: target passes (Σ output tokens −
-accepted), drafted, accepted and cost = passes + δ̂·drafted, δ̂ fitted from the step logs of this run
-(agentspec_sdk.replay.accounting). Ratios against the best stock drafter are given in both measures.
+outputs are token-identical to `off`; and the deterministic counts: target passes (the engine's count per
+turn, `TurnResult.passes`; beside it `passes_from_tokens`, Σ output tokens − accepted), drafted, accepted
+and cost = passes + δ̂·drafted, δ̂ fitted from the step logs of this run (agentspec_sdk.replay.accounting).
+Ratios against the best stock drafter are given in both measures.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
             # each batch size decodes its own half of the prompts: decoding the same prompts again would
             # hand suffix decoding's global tree (and ours) the answers it cached at the first batch size
             reqs = requests(max_tokens, prompts[k::len(BATCHES)])
-            tokens = 0
+            tokens = passes = 0
             decode_s = 0.0
             e2e = []
             for i in range(0, len(reqs), batch):
@@ -75,10 +76,13 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
                 decode_s += last - first
                 tokens += sum(max(len(r.token_ids) - 1, 0) for r in group)
                 e2e += [r.timings["e2e_s"] for r in group]
+                passes += sum(r.passes for r in group)
                 for r in group:
                     outputs[(batch, r.request_id)] = r.token_ids
             after = engine.stats()
             steps = engine.step_log(t_before, time.time())
+            drafter = engine.proposer() if mode == "structure" else None
+            drafter = drafter.stats() if drafter is not None and hasattr(drafter, "stats") else {}
             drafts = after["vllm"]["num_drafts"] - before["vllm"]["num_drafts"]
             accepted = after["vllm"]["num_accepted_tokens"] - before["vllm"]["num_accepted_tokens"]
             drafted = after["vllm"]["num_draft_tokens"] - before["vllm"]["num_draft_tokens"]
@@ -95,9 +99,14 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
                 "draft_acceptance": accepted / drafted if drafted else 0.0,
                 "proposer_share": prop_s / step_s if step_s and mode == "structure" else None,
                 "acceptance_by_class": acc if mode != "off" else None, "startup_s": startup,
-                # the first token of each output comes from the prefill pass, every pass adds accepted + 1
-                "passes": tokens + len(reqs) - accepted, "drafted": drafted, "accepted": accepted,
+                # the engine's count of target passes per turn (prefill's included); beside it the older
+                # estimate, output tokens − vLLM's accepted count, which misses the pass whose accepted
+                # draft ended a turn and counts accepted tokens a stop dropped
+                "passes": passes, "passes_from_tokens": tokens + len(reqs) - accepted,
+                "drafted": drafted, "accepted": accepted,
                 "steps": [{"t": st["t"], "rows": st["rows"], "drafted": st["drafted"]} for st in steps],
+                # the budget's price of a draft token when the batch size ended (learned from step times)
+                "drafter_delta": drafter.get("delta"), "drafter_errors": drafter.get("errors"),
             })
         return rows, outputs
     finally:

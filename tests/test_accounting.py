@@ -113,6 +113,32 @@ def test_passes_without_records_take_vllm_counts():
     assert run["passes"] == 2
 
 
+def test_passes_are_the_engines_count_where_it_has_one():
+    """A draft accepted through the turn's last token leaves that pass without a bonus token, so
+    output tokens − accepted is one short; the engine's per-step count is what the target computed."""
+    records = [{"position": 1, "law_class": "S", "source": "suffix", "drafted": 3, "accepted": 3},
+               {"position": 5, "law_class": "S", "source": "suffix", "drafted": 6, "accepted": 5}]
+    counted = _log(records, "SSSSSSSSSS", 10)  # prefill 1 token, pass 2: 3 + 1, pass 3: the last 5 drafted
+    counted.passes = 3
+    estimated = _log(records, "SSSSSSSSSS", 10)
+    run = summarize([counted, estimated], arm="D", mode="suffix", gamma=8, batch=1, wall_s=1.0)
+    assert run["passes_from_tokens"] == 2 * (10 - 8)
+    assert run["passes"] == 3 + (10 - 8)
+
+
+def test_verified_drafts_are_vllms_count_beside_the_proposed_ones():
+    """The grammar trims a draft before verification: `drafted` is what the drafter proposed (the
+    records), `drafted_verified` what vLLM verified; without vLLM's counts for a turn it is None."""
+    records = [{"position": 1, "law_class": "S", "source": "suffix", "drafted": 4, "accepted": 2},
+               {"position": 4, "law_class": "S", "source": "suffix", "drafted": 5, "accepted": 1}]
+    spec = {"num_draft_tokens": 7, "num_accepted_draft_tokens": 3}
+    run = summarize([_log(records, "SSSSSSSSSS", 10, spec=spec)], arm="D", mode="suffix", gamma=8, batch=1,
+                    wall_s=1.0)
+    assert (run["drafted"], run["drafted_verified"]) == (9, 7)
+    run = summarize([_log(records, "SSSSSSSSSS", 10)], arm="D", mode="suffix", gamma=8, batch=1, wall_s=1.0)
+    assert run["drafted_verified"] is None
+
+
 class _Tok:
     def decode(self, ids):
         return "ab" if ids[0] % 2 else "c"

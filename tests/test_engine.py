@@ -202,6 +202,23 @@ def test_acceptance_per_class_and_agreement_with_vllm(engine_structure, structur
     assert stats["proposer"]["errors"] == 0
 
 
+@pytest.mark.engine
+def test_turns_count_their_target_passes(structure_results, prose_results, off_results):
+    """`TurnResult.passes`: the engine steps that gave a turn tokens. Off writes one token a pass.
+    Structure never drafts the turn's end token, so a turn that stopped on it took exactly output
+    tokens − accepted passes (the end came as a pass's own token); one cut at max_tokens may take one
+    more (its last pass's drafted tokens reached the limit, no token of the target's own kept)."""
+    for res in off_results:
+        assert res.passes == len(res.token_ids), res.request_id
+    for res in structure_results + prose_results:
+        estimate = len(res.token_ids) - sum(r["accepted"] - r.get("beyond_output", 0) for r in res.records)
+        assert res.spec["num_spec_steps"] <= res.passes - 1, res.request_id  # a draft needs a pass before
+        if res.finish_reason == "stop":
+            assert res.passes == estimate, (res.request_id, res.passes, estimate)
+        else:
+            assert estimate <= res.passes <= estimate + 1, (res.request_id, res.passes, estimate)
+
+
 def _by_class(records):
     out: dict = {}
     for r in records:

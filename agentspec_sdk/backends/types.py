@@ -45,6 +45,11 @@ class TurnResult:
     spec: dict[str, Any] | None = None  # vLLM's per-request spec-decode metrics (None: no speculation)
     agent_id: str | None = None
     logprobs: list[dict[int, float]] | None = None  # per output position: token id -> log-probability
+    # Target passes that gave this turn tokens, the prefill's included, counted per engine step (the
+    # embedded engine); None where the backend cannot see steps (a server). Not output tokens −
+    # accepted: a pass whose accepted draft ends the turn (EOS, a stop string, max_tokens) emits no
+    # bonus token, so that difference misses one pass per such turn (docs/replay.md, "passes").
+    passes: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -72,6 +72,8 @@ class _Live:
     t_added: float = 0.0
     t_first: float = 0.0
     seen: int = 0  # output tokens seen so far (the pass log counts each pass's new ones)
+    passes: int = 0  # engine steps that gave this turn tokens (TurnResult.passes)
+    emitted: int = 0  # output tokens when `passes` last counted
 
 
 class Engine(EngineBase):
@@ -274,6 +276,9 @@ class Engine(EngineBase):
             return
         comp = out.outputs[0]
         now = time.perf_counter()
+        if len(comp.token_ids) > live.emitted:  # one target pass (the prefill's included) gave tokens
+            live.passes += 1
+            live.emitted = len(comp.token_ids)
         if not live.t_first and len(comp.token_ids):
             live.t_first = now
         if live.events is not None and (len(comp.text) > len(live.text) or out.finished):
@@ -306,6 +311,7 @@ class Engine(EngineBase):
             request_id=live.request_id, text=comp.text, token_ids=token_ids, prompt_token_ids=prompt_ids,
             finish_reason=comp.finish_reason, spans=spans, records=records,
             acceptance=acceptance, spec=spec, agent_id=live.req.agent_id, logprobs=_logprobs(comp.logprobs),
+            passes=live.passes,
             timings={"e2e_s": now - live.t_submit, "queue_s": live.t_added - live.t_submit,
                      "prefill_s": t_first - live.t_added, "decode_s": now - t_first})
         self._totals.finished(len(token_ids), records, spec, acceptance)

@@ -3,8 +3,13 @@
 On a shared machine identical runs of one mode differ by up to 25% in decode tok/s, while what the
 target had to compute does not move at temperature 0. So every run also reports
 
-    passes = Σ over requests (output tokens − accepted draft tokens)   (each pass emits accepted + 1)
+    passes = Σ over requests of the target passes that gave it tokens   (the engine counts them)
     cost   = passes + δ̂ · drafted
+
+Where the backend cannot count passes (a server) they are estimated as output tokens − accepted draft
+tokens (each pass emits accepted + 1), which is one short for every turn whose last pass emitted only
+accepted draft tokens: a drafter that drafts the turn's end token (suffix, ngram) has the end come
+as an accepted token, not as the pass's own, while structure never drafts it (`turn_passes`).
 
 in units of one request's share of a target pass, with δ̂ — the price of one drafted (verified) token
 in those units — fitted from the same invocation's step log (`verify_price`). Ratios of costs between
@@ -31,6 +36,8 @@ STOCK_MODES = (*STOCK, "suffix-tuned")
 
 
 def turn_passes(output_tokens: int, accepted: int) -> int:
+    """A turn's target passes estimated from its tokens: exact unless its last pass's kept tokens
+    were all accepted draft tokens (then one more)."""
     return max(int(output_tokens) - int(accepted), 0)
 
 

@@ -32,14 +32,18 @@ def summarize(logs: Iterable[TurnLog], *, arm: str, mode: str, gamma: int, batch
     """Totals of one run; per-class sums equal the totals by construction."""
     logs = list(logs)
     by_class = {c: {"tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0} for c in CLASSES}
-    passes = oracle_p = oracle_d = 0
+    passes = from_tokens = oracle_p = oracle_d = 0
     for log in logs:
         for c, n in log.tokens_by_class.items():
             by_class.setdefault(c, {"tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0})["tokens"] += n
         in_output = sum(int(r["accepted"]) - int(r.get("beyond_output", 0)) for r in log.records)
         if not log.records and log.spec:
             in_output = int(log.spec.get("num_accepted_draft_tokens", 0))
-        passes += accounting.turn_passes(log.output_tokens, in_output)
+        estimate = accounting.turn_passes(log.output_tokens, in_output)
+        from_tokens += estimate
+        # the engine's own count where it has one: the estimate misses the pass whose accepted draft
+        # ends the turn (no bonus token: a drafter that drafts the turn's end looked a pass cheaper)
+        passes += estimate if log.passes is None else int(log.passes)
         p, d = accounting.oracle_passes(log.output_tokens, gamma)
         oracle_p, oracle_d = oracle_p + p, oracle_d + d
         if log.records:
@@ -64,14 +68,20 @@ def summarize(logs: Iterable[TurnLog], *, arm: str, mode: str, gamma: int, batch
     prefill_s = sum(log.timings.get("prefill_s", 0.0) for log in logs)
     e2e_s = sum(log.timings.get("e2e_s", 0.0) for log in logs)
     drafted = sum(c["drafted"] for c in by_class.values())
+    # what vLLM verified of those drafts: the request grammar trims a draft before the target sees it,
+    # and vLLM counts the draft tokens it scheduled (None where a turn has no per-request counts)
+    verified = (sum(int(log.spec.get("num_draft_tokens", 0)) for log in logs if log.spec)
+                if all(log.spec or not log.records for log in logs) else None)
     accepted = sum(c["accepted"] for c in by_class.values())
     rounds = sum(c["rounds"] for c in by_class.values())
     return {
         "arm": arm, "mode": mode, "gamma": gamma, "batch": batch, "prefix_cache": prefix_cache,
         "episodes": episodes, "turns": len(logs), "output_tokens": out_tokens,
         "prompt_tokens": sum(log.prompt_tokens for log in logs),
-        "drafted": drafted, "accepted": accepted, "rounds": rounds, "tau_mean": _div(accepted, rounds),
-        "passes": passes, "oracle_passes": oracle_p, "oracle_drafted": oracle_d,
+        "drafted": drafted, "drafted_verified": verified, "accepted": accepted, "rounds": rounds,
+        "tau_mean": _div(accepted, rounds),
+        "passes": passes, "passes_from_tokens": from_tokens,
+        "oracle_passes": oracle_p, "oracle_drafted": oracle_d,
         "by_class": by_class,
         "w": {c: _div(by_class[c]["tokens"], out_tokens) for c in CLASSES},
         "decode_s": decode_s, "prefill_s": prefill_s, "e2e_s": e2e_s, "wall_s": wall_s,

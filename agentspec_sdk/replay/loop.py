@@ -65,6 +65,7 @@ class TurnLog:
     prompt_ids: list[int] = field(default_factory=list)
     grammar: str = ""  # the request's Lark grammar ("" = none)
     too_long: bool = False  # the prompt + max_tokens did not fit max_model_len: the episode ended here
+    passes: int | None = None  # target passes the engine counted (TurnResult.passes; None: not counted)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,7 +187,7 @@ def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, cla
                 tool_calls=calls, token_ids=list(res.token_ids),
                 prompt_hash=_hash(res.prompt_token_ids or []), spec=getattr(res, "spec", None),
                 token_classes=labels, prompt_ids=list(res.prompt_token_ids or []), grammar=step_grammar or "",
-                too_long=is_too_long(res.error))
+                too_long=is_too_long(res.error), passes=getattr(res, "passes", None))
             if log.too_long:  # logged and counted; every later prompt of this episode is longer still
                 logs.append(log)
                 if on_turn is not None:

@@ -58,12 +58,14 @@ def law_costs(model: law.PassCosts, comp: Mapping, proposer: Mapping | None = No
 def fit_costs_from_turns(logs_by_mode: Mapping[str, list[TurnLog]]) -> dict:
     """Without pass or step logs: c_T and delta from per-turn decode time (`law.fit_turn_costs`),
     decode_s / steps = c_T (1 + delta k), k = drafted tokens per step (0 when speculation is off),
-    steps = output tokens - accepted drafts. d = 0 (the drafters' time is inside delta)."""
+    steps = the turn's counted passes (else output tokens - accepted drafts). d = 0 (the drafters'
+    time is inside delta)."""
     xs, ys = [], []
     for logs in logs_by_mode.values():
         for log in logs:
             drafted = sum(int(r["drafted"]) for r in log.records)
-            steps = log.output_tokens - sum(int(r["accepted"]) for r in log.records)
+            steps = (log.passes if log.passes is not None
+                     else log.output_tokens - sum(int(r["accepted"]) for r in log.records))
             dec = log.timings.get("decode_s", 0.0)
             if steps <= 0 or dec <= 0:
                 continue
@@ -155,12 +157,19 @@ def tau_rounds(fit: Mapping, run: Mapping, pred: Mapping) -> float | None:
                for c, b in by.items()) / run["rounds"]
 
 
+def _row_passes(run: Mapping) -> int:
+    """The run's target passes (row-passes: one row's share of a pass): the engine's count, or
+    output tokens − accepted for a run summarised without it."""
+    passes = run.get("passes")
+    return max(int(passes) if passes is not None else run["output_tokens"] - run["accepted"], 1)
+
+
 def run_composition(comp: Mapping, run: Mapping, measured_drafts: bool) -> dict:
     """The pass composition used for a prediction; without the drafter's step log (vLLM's per-request
     totals only) its drafts are spread evenly over the run's row-passes."""
     out = {k: float(comp.get(k, 0.0)) for k in COST_KEYS}
     if not measured_drafts:
-        row_passes = max(run["output_tokens"] - run["accepted"], 1)
+        row_passes = _row_passes(run)
         out["drafted"] = run["drafted"] / row_passes * out["rows"]
         out["drafted_ctx"] = out["drafted"] * out["ctx"] / max(out["rows"], 1.0)
         out["drafted_s"] = out["drafted"] * float(run["w"].get("S") or 0.0)
@@ -177,7 +186,7 @@ def speedup_check(run: Mapping, pred: Mapping, model: law.PassCosts, comp: Mappi
     vLLM's plain path, `no_spec`), and the time outside passes (1 predicted). Each factor's
     `error` = predicted / measured contribution. `proposer`: this run's drafter's own terms
     (`law.fit_proposer`; None = none measured)."""
-    row_passes = max(run["output_tokens"] - run["accepted"], 1)
+    row_passes = _row_passes(run)
     f = min(run["rounds"] / row_passes, 1.0)
     spec = run_composition(comp, run, measured_drafts)
     off = {k: float(v) for k, v in (comp_off or {}).items() if k in COST_KEYS} if comp_off else {**spec}

@@ -136,7 +136,8 @@ def _peer_lines(report: Mapping) -> list[str]:
            "drafted token; δ̂ at each run's mean rows)") if price \
         else "δ̂ = 0 (too few proposer steps to fit it)"
     lines = ["", "## Target passes and cost (deterministic at temperature 0)", "",
-             f"cost = passes + δ̂ · drafted, passes = Σ (output tokens − accepted); {how}. The oracle drafts "
+             "cost = passes + δ̂ · drafted, passes = the target passes the engine counted per turn "
+             f"(a server: Σ (output tokens − accepted)); {how}. The oracle drafts "
              "exactly the γ tokens the target writes next.", "",
              "| arm | mode | γ | b | cache | passes | drafted | accepted | δ̂ | cost | oracle cost | decode "
              "tok/s |",
