@@ -83,6 +83,23 @@ def test_costs_and_peer_table():
     assert row["oracle_share"] == pytest.approx((best["cost"] - structure["cost"]) / gain)
 
 
+def test_decode_speed_is_compared_within_the_group_of_engines_measured_together():
+    """A fifth engine runs after the four that fit in memory, alone and minutes later: its decode
+    tok/s is not compared with structure's; its cost is (counts do not drift)."""
+    runs = [_run("off", 200, 0, 10.0), _run("suffix", 110, 60, 16.0), _run("structure", 90, 120, 18.0),
+            _run("suffix-tuned", 100, 200, 25.0)]
+    for r, group in zip(runs, (0, 0, 0, 1), strict=True):
+        r["engine_group"] = group
+        r["cost"] = r["passes"] + 0.05 * r["drafted"]
+    [row] = accounting.peer_table(runs)
+    assert row["best_stock_by_tok_s"] == "suffix" and row["tok_s_vs_best_stock"] == pytest.approx(18.0 / 16.0)
+    assert row["best_stock_by_cost"] == "suffix-tuned"
+    for r in runs:  # measured one after another (no groups): every peer counts
+        del r["engine_group"]
+    [row] = accounting.peer_table(runs)
+    assert row["best_stock_by_tok_s"] == "suffix-tuned"
+
+
 def test_without_a_step_log_cost_is_passes():
     runs = [_run("off", 200, 0, 10.0), _run("structure", 90, 120, 18.0)]
     assert accounting.add_costs(runs, {}, lambda r: None) is None

@@ -71,6 +71,13 @@ def test_demo_interleaves_the_modes_and_keeps_the_pass_logs(demo_report):
         verified = sum(p["spec_drafted"] for p in ps)
         assert (verified == 0) if mode == "off" else (0 < verified <= run["drafted"]), \
             (key, mode, verified, run["drafted"])
+    # the three engines were live together: one group, every run tagged with it (peer tok/s within it)
+    assert len(rep["meta"]["engine_groups"]) == 1
+    assert {r.get("engine_group") for r in rep["runs"]} == {0}
+    # target passes as the engine counted them: off writes one token a pass
+    for run in rep["runs"]:
+        if run["mode"] == "off":
+            assert run["passes"] == run["output_tokens"] == run["passes_from_tokens"], run["arm"]
 
 
 @pytest.mark.engine

@@ -384,6 +384,8 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
                 starts[_label(cfg)] = event[1]
             elif kind == "run":
                 summary, run_logs = event[1], event[2]
+                if "engine_groups" in meta:  # spawned engines: which group of live engines measured it
+                    summary["engine_group"] = len(meta["engine_groups"])
                 runs.append(summary)
                 key = (run_key(summary), cfg.mode)
                 logs[key] = run_logs
