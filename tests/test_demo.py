@@ -156,7 +156,10 @@ def test_ctrl_c_leaves_a_valid_partial_report(tmp_path):
 
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal: a test run started as a background job inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler (the demo would rightly run to its end)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 600
         while not (out / "report.json").exists():  # written after the first round (every engine, arm D)
