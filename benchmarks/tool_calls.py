@@ -106,7 +106,8 @@ def run_setting(mode: str, gamma: int, prompts, max_tokens: int, engine_kwargs: 
                 "drafted": drafted, "accepted": accepted,
                 "steps": [{"t": st["t"], "rows": st["rows"], "drafted": st["drafted"]} for st in steps],
                 # the budget's price of a draft token when the batch size ended (learned from step times)
-                "drafter_delta": drafter.get("delta"), "drafter_errors": drafter.get("errors"),
+                "drafter_delta": drafter.get("delta"), "drafter_delta_fit": drafter.get("delta_fit"),
+                "drafter_delta_fit_se": drafter.get("delta_fit_se"), "drafter_errors": drafter.get("errors"),
             })
         return rows, outputs
     finally:

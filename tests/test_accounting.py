@@ -100,6 +100,25 @@ def test_decode_speed_is_compared_within_the_group_of_engines_measured_together(
     assert row["best_stock_by_tok_s"] == "suffix-tuned"
 
 
+def test_repeat_medians_are_compared_within_the_group_of_engines_measured_together():
+    """`bench --repeats`: a peer measured in a later engine group in every repeat is left out of the
+    decode tok/s median comparison, as in `peer_table`; with no groups every peer counts."""
+    runs = []
+    for repeat in range(3):
+        for mode, tok_s, group in (("suffix", 16.0 + repeat, 0), ("structure", 18.0 + repeat, 0),
+                                   ("suffix-tuned", 25.0 + repeat, 1)):
+            r = _run(mode, 100, 50, tok_s)
+            r.update(repeat=repeat, engine_group=group, accepted=40)
+            runs.append(r)
+    by = {r["mode"]: r for r in accounting.repeat_table(runs, {}, None, lambda r: None)}
+    assert by["structure"]["best_stock_by_tok_s_median"] == "suffix"
+    assert by["structure"]["tok_s_median_vs_best_stock"] == pytest.approx(19.0 / 17.0)
+    for r in runs:
+        del r["engine_group"]
+    by = {r["mode"]: r for r in accounting.repeat_table(runs, {}, None, lambda r: None)}
+    assert by["structure"]["best_stock_by_tok_s_median"] == "suffix-tuned"
+
+
 def test_without_a_step_log_cost_is_passes():
     runs = [_run("off", 200, 0, 10.0), _run("structure", 90, 120, 18.0)]
     assert accounting.add_costs(runs, {}, lambda r: None) is None

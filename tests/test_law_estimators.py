@@ -222,6 +222,33 @@ def test_online_step_cost_learns_delta_from_step_times():
         OnlineStepCost(-1.0)
 
 
+def test_noisy_step_times_keep_the_learned_delta_near_its_prior():
+    """One row, drafts of 0–8 tokens, and step gaps with contention noise as large as the pass: the fit
+    alone wanders (it prices every draft token of the budget), the learned delta is shrunk toward
+    the prior by the fit's standard error; clean gaps still learn a delta far from the prior."""
+    from agentspec_sdk.law import OnlineStepCost
+
+    def run(seed, noise, c=0.00024, prior=0.02):
+        rng = np.random.default_rng(seed)
+        cost, t = OnlineStepCost(prior), 0.0
+        for _ in range(400):
+            k = int(rng.integers(0, 9))
+            cost.observe(t, 1, k)
+            t += 0.012 + c * k + rng.exponential(noise)  # another process on the cores: positive, heavy
+        return cost
+
+    noisy = [run(seed, 0.024) for seed in range(30)]
+    raw = np.array([cost.delta_raw() for cost in noisy])
+    learned = np.array([cost.delta() for cost in noisy])
+    assert all(cost.delta_se() > 0.01 for cost in noisy)
+    assert learned.max() - 0.02 < 0.6 * (raw.max() - 0.02)  # a price too high sends nothing
+    assert np.abs(learned - 0.02).mean() < 0.6 * np.abs(raw - 0.02).mean()
+    clean = run(0, 0.0002, c=0.0012)  # true delta 0.1, five times the prior
+    assert clean.delta_se() < 0.005 and clean.delta() == pytest.approx(0.1, rel=0.05)
+    with pytest.raises(LawInputError, match="prior sd"):
+        OnlineStepCost(0.02, prior_sd=0.0)
+
+
 def test_fit_costs_without_a_drafter_cost_fits_delta_alone():
     from agentspec_sdk.law import fit_costs
 

@@ -50,8 +50,10 @@ def test_structure_command_points_vllm_at_our_proposer(tmp_path):
     assert "--enable-prefix-caching" in args and "--enable-per-request-metrics" in args
     assert _flag(args, "--model") == "/models/m" and _flag(args, "--port") == "8123"
     assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve()),
+                          "AGENTSPEC_EXACT_MASKS": "1",  # exact llguidance masks (backends.vllm_grammar)
                           "PROMETHEUS_MULTIPROC_DIR": str(spec.multiproc_dir())}  # agentspec:* on /metrics
-    assert ServerSpec(model="m", speculation="ngram").env() == {}  # no proposer: vLLM's own collection
+    # no proposer: vLLM's own metrics collection; the exact masks all the same
+    assert ServerSpec(model="m", speculation="ngram").env() == {"AGENTSPEC_EXACT_MASKS": "1"}
     assert "PROMETHEUS_MULTIPROC_DIR" not in ServerSpec(model="m", plan_path=tmp_path / "p.json",
                                                         metrics=False).env()
     line = spec.shell_line()

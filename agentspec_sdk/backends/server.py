@@ -30,6 +30,7 @@ from agentspec_sdk.backends.engine_config import (
     running_on_cpu,
     stock_speculative_config,
 )
+from agentspec_sdk.backends.vllm_grammar import EXACT_MASKS_ENV
 from agentspec_sdk.drafting.plan import PLAN_ENV
 from agentspec_sdk.errors import BackendError
 
@@ -157,6 +158,7 @@ class ServerSpec:
     def env(self) -> dict[str, str]:
         """Environment variables the server needs on top of the caller's."""
         env = {PLAN_ENV: str(Path(self.plan_path).resolve())} if self.plan_path else {}
+        env[EXACT_MASKS_ENV] = "1"  # exact llguidance masks under speculation (backends.vllm_grammar)
         if self.multiproc_dir() is not None:
             env[MULTIPROC_ENV] = str(self.multiproc_dir())
         if self.tool_parser and self.tool_format != "tool_calls":

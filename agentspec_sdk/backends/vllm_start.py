@@ -16,6 +16,7 @@ from agentspec_sdk.backends.engine_config import (
     stock_speculative_config,
 )
 from agentspec_sdk.backends.model_bundle import resolve_model
+from agentspec_sdk.backends.vllm_grammar import EXACT_MASKS_ENV, patch_guidance
 from agentspec_sdk.backends.vllm_hybrid import MODE_ENV, check_layout, register
 from agentspec_sdk.drafting.plan import PLAN_ENV
 
@@ -45,6 +46,10 @@ def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int,
     # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.in_process else "1"
+    # exact llguidance masks under speculation (backends.vllm_grammar): here for an in-process
+    # engine core, through the entry point in vLLM's own processes
+    os.environ[EXACT_MASKS_ENV] = "1"
+    patch_guidance()
     if cfg.reserved_cpus is not None:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.reserved_cpus)
     spec = speculative_config(cfg, gamma_max)

@@ -349,7 +349,9 @@ class StructureDrafter(CandidateBuilder):
                 "choice_bias": {f"{kind}/{source}": round(v, 3)
                                 for (kind, source), v in self.choice_bias.items()},
                 "grammar_error": self.grammar_error, "delta": self.price - self.plan.d,
-                "delta_learned": self.plan.learn_delta and self.cost.learned, "last_error": self.last_error}
+                "delta_learned": self.plan.learn_delta and self.cost.learned,
+                "delta_fit": self.cost.delta_raw(), "delta_fit_se": self.cost.delta_se(),
+                "last_error": self.last_error}
 
     def reset_stats(self) -> None:
         self.accounting.reset()

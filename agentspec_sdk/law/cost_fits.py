@@ -107,27 +107,41 @@ class OnlineStepCost:
     are skipped (the engine idled while every agent waited on a tool, or a long prefill ran). The
     law's delta for one sequence is c / (a + b); with a single batch size seen, a and b cannot be told
     apart and the pass is taken as proportional to its rows. Until `min_steps` usable gaps with spread
-    in the drafted counts, `delta()` is the prior. O(1) per step; a 3×3 solve every `solve_every`."""
+    in the drafted counts, `delta()` is the prior. O(1) per step; a 3×3 solve every `solve_every`.
 
-    __slots__ = ("prior", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx", "_xty", "_n",
-                 "_last", "_typical", "_estimate", "_since_solve", "_rows_seen", "_drafted_seen", "_terms",
-                 "_ctx_sums")
+    Step gaps are noisy (other processes on the cores, a pass that waited on the scheduler), and with
+    few rows the drafted counts spread little, so the fitted c can be far off for a while; the budget
+    prices every draft token with it. So the fit is not taken as it is: `delta()` is the fitted
+    delta shrunk toward the prior by their precisions (a normal prior with sd `prior_sd`, default
+    the prior itself; the fit's standard error from the weighted residuals), and `terms()` carries
+    the shrunk c. Clean step times learn the fit (its error is small); noisy ones stay near the prior
+    (`delta_raw()`, `delta_se()` say what the fit alone gave)."""
+
+    __slots__ = ("prior", "prior_sd", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx", "_xty",
+                 "_yy", "_weight", "_n", "_last", "_typical", "_estimate", "_raw", "_since_solve", "_rows_seen",
+                 "_drafted_seen", "_terms", "_ctx_sums")
 
     def __init__(self, prior_delta: float, *, decay: float = 0.995, min_steps: int = 64,
-                 max_gap_factor: float = 4.0, solve_every: int = 16):
+                 max_gap_factor: float = 4.0, solve_every: int = 16, prior_sd: float | None = None):
         if not 0.0 < decay <= 1.0:
             raise LawInputError(f"decay must be in (0, 1], got {decay}")
         if not math.isfinite(prior_delta) or prior_delta < 0:
             raise LawInputError(f"prior delta must be a finite number >= 0, got {prior_delta}")
+        if prior_sd is not None and not (math.isfinite(prior_sd) and prior_sd > 0):
+            raise LawInputError(f"prior sd must be a finite number > 0, got {prior_sd}")
         self.prior = float(prior_delta)
+        self.prior_sd = None if prior_sd is None else float(prior_sd)
         self.decay, self.min_steps = decay, min_steps
         self.max_gap_factor, self.solve_every = max_gap_factor, solve_every
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
+        self._yy = 0.0  # decayed Σ gap², Σ weight: the residuals' variance for the fit's error
+        self._weight = 0.0
         self._n = 0
         self._last: tuple[float, int, int] | None = None
         self._typical: float | None = None
         self._estimate: float | None = None
+        self._raw: tuple[float, float] | None = None  # the fit alone: (delta, its standard error)
         self._since_solve = 0
         self._rows_seen: set[int] = set()
         self._drafted_seen: set[int] = set()
@@ -153,6 +167,8 @@ class OnlineStepCost:
         x = np.array([1.0, float(last[1]), float(last[2])])
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + gap * x
+        self._yy = self.decay * self._yy + gap * gap
+        self._weight = self.decay * self._weight + 1.0
         self._n += 1
         if len(self._rows_seen) < 2:
             self._rows_seen.add(last[1])
@@ -166,25 +182,53 @@ class OnlineStepCost:
     def _solve(self) -> None:
         if len(self._drafted_seen) < 2:
             return
-        if len(self._rows_seen) >= 2:
-            if np.linalg.cond(self._xtx) > 1e10:  # drafted counts move with the rows: c not identifiable
-                return
-            a, b, c = np.linalg.solve(self._xtx, self._xty)
+        idx = [0, 1, 2] if len(self._rows_seen) >= 2 else [0, 2]
+        xtx, xty = self._xtx[np.ix_(idx, idx)], self._xty[idx]
+        if np.linalg.cond(xtx) > 1e10:  # drafted counts move with the rows: c not identifiable
+            return
+        beta = np.linalg.solve(xtx, xty)
+        rss = max(self._yy - float(beta @ xty), 0.0)
+        dof = self._weight - len(idx)
+        if dof <= 0:
+            return
+        c = float(beta[-1])
+        c_se = math.sqrt(rss / dof * float(np.linalg.inv(xtx)[-1, -1]))
+        if len(idx) == 3:
+            a, b = float(beta[0]), float(beta[1])
             one_row = a + b
-            if one_row > 0 and a + b * 8 > 0 and c >= 0:
-                self._terms = (float(a), float(b), float(c))
-        else:  # one batch size: y = A + c k, one row's share of the pass is A / rows
-            idx = [0, 2]
-            xtx = self._xtx[np.ix_(idx, idx)]
-            if np.linalg.cond(xtx) > 1e10:
+            if not (one_row > 0 and a + b * 8 > 0):
                 return
-            big_a, c = np.linalg.solve(xtx, self._xty[idx])
-            one_row = big_a / max(next(iter(self._rows_seen)), 1)
-        if one_row > 0 and c >= 0 and math.isfinite(c / one_row):
-            self._estimate = float(min(c / one_row, 0.9))
+        else:  # one batch size: y = A + c k, one row's share of the pass is A / rows
+            one_row = float(beta[0]) / max(next(iter(self._rows_seen)), 1)
+            if not one_row > 0:
+                return
+        raw, raw_se = c / one_row, c_se / one_row
+        if not (math.isfinite(raw) and math.isfinite(raw_se)):
+            return
+        self._raw = (raw, raw_se)
+        shrunk = min(max(self._shrink(raw, raw_se), 0.0), 0.9)
+        self._estimate = shrunk
+        if len(idx) == 3:
+            self._terms = (a, b, shrunk * one_row)
+
+    def _shrink(self, raw: float, raw_se: float) -> float:
+        """The fitted delta and the prior weighed by their precisions (normal prior, sd `prior_sd`)."""
+        sd = self.prior_sd if self.prior_sd is not None else max(self.prior, 0.01)
+        if raw_se <= 0:
+            return raw
+        w_fit, w_prior = 1.0 / raw_se ** 2, 1.0 / sd ** 2
+        return (raw * w_fit + self.prior * w_prior) / (w_fit + w_prior)
 
     def delta(self) -> float:
         return self.prior if self._estimate is None else self._estimate
+
+    def delta_raw(self) -> float | None:
+        """The fitted delta before it is shrunk toward the prior (None before a fit)."""
+        return None if self._raw is None else self._raw[0]
+
+    def delta_se(self) -> float | None:
+        """The fitted delta's standard error (None before a fit)."""
+        return None if self._raw is None else self._raw[1]
 
     def ref_ctx(self) -> float | None:
         """The mean context (tokens) of the rows whose drafted tokens the learned delta is an average

@@ -94,8 +94,9 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
     """`bench --repeats`: per (arm, mode, γ, b, prefix cache), in the order of `runs`, every repeat's
     passes, drafted, accepted, cost (δ̂ from `price`, the report's fit, at each run's own rows) and
     decode tok/s, with the median and range (min, max) of decode tok/s over the repeats; structure's
-    rows also get their median against the best stock drafter's median (`STOCK_MODES`). `steps`
-    and `key_of` as for `add_costs`."""
+    rows also get their median against the best stock drafter's median (`STOCK_MODES`; among those
+    measured in structure's `engine_group` in every repeat, where there are any, as `peer_table`).
+    `steps` and `key_of` as for `add_costs`."""
     groups: dict[tuple, list[Mapping]] = {}
     for r in runs:
         groups.setdefault((r["arm"], r["mode"], r["gamma"], r["batch"], r["prefix_cache"]), []).append(r)
@@ -108,7 +109,8 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
             costs.append(r["passes"] + delta * r["drafted"])
         speeds = [r["decode_tok_s"] for r in rs if r.get("decode_tok_s")]
         out.append({"arm": arm, "mode": mode, "gamma": gamma, "batch": batch, "prefix_cache": cache,
-                    "repeats": [r.get("repeat", 0) for r in rs], "passes": [r["passes"] for r in rs],
+                    "repeats": [r.get("repeat", 0) for r in rs],
+                    "engine_groups": [r.get("engine_group") for r in rs], "passes": [r["passes"] for r in rs],
                     "drafted": [r["drafted"] for r in rs], "accepted": [r["accepted"] for r in rs],
                     "cost": costs, "decode_tok_s": [r.get("decode_tok_s") for r in rs],
                     "decode_tok_s_median": float(np.median(speeds)) if speeds else None,
@@ -120,6 +122,8 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
     for modes in cells.values():
         st = modes.get("structure")
         stock = [modes[m] for m in STOCK_MODES if m in modes and modes[m]["decode_tok_s_median"]]
+        if st is not None:  # medians only of peers measured beside structure in every repeat (peer_table)
+            stock = [row for row in stock if row["engine_groups"] == st["engine_groups"]] or stock
         if st is not None and stock:
             best = max(stock, key=lambda row: row["decode_tok_s_median"])
             st["best_stock_by_tok_s_median"] = best["mode"]

@@ -144,12 +144,24 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
                         interrupted=run.interrupted, matches=run.matches, episodes=run.episodes)
     if plan.repeats > 1:
         summary["repeat"] = repeat
+    summary.update(_drafter_price(engine))
     ended = time.time()
     steps = engine.step_log(began, ended) if hasattr(engine, "step_log") else []
     passes = engine.pass_log(began, ended) if hasattr(engine, "pass_log") else []
     emit(("run", summary, run.logs, steps, passes))
     if run.interrupted:
         raise KeyboardInterrupt
+
+
+def _drafter_price(engine: AgentEngine) -> dict:
+    """The in-process drafter's price of a draft token as the run ended: the learned delta and the
+    step-time fit it is shrunk from (law.OnlineStepCost); nothing for other drafters or engines."""
+    drafter = engine.proposer() if hasattr(engine, "proposer") else None
+    stats = drafter.stats() if drafter is not None and hasattr(drafter, "stats") else {}
+    if "delta" not in stats:
+        return {}
+    return {"drafter_delta": stats["delta"], "drafter_delta_fit": stats.get("delta_fit"),
+            "drafter_delta_fit_se": stats.get("delta_fit_se")}
 
 
 def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,

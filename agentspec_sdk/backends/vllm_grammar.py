@@ -1,0 +1,75 @@
+"""Exact grammar masks under speculative decoding: a workaround for llguidance's masks after a rollback.
+
+vLLM builds a speculative step's grammar masks by walking the request's llguidance matcher over the
+draft (`StructuredOutputManager.grammar_bitmask`: fill the mask, accept the draft token, ... then
+`rollback` the walk). llguidance (1.7.6 as vLLM 0.32 pins it; 1.8.0 and 1.9.1 the same) keeps
+something of a mask computed during such a walk past its rollback: a later mask, in another parser
+state that reaches the same lexer state, can allow tokens the grammar forbids. Measured on the
+long_context traces (BFCL, 18 file-system tools): after `<tool_call>{"name":"c` a draft
+`p","arguments":{"source":"` (the tool `cp`) was walked and rolled back; the model wrote `d` and the
+`cd` call up to `"folder":"Annual_Report_2023.docx`, where the mask then allowed `","` (cd has no
+second argument). The target took it, the matcher refused it, and vLLM ended the request with an
+error: a speculative output that differs from `off` (docs/drafting.md, "Exact grammar masks").
+Every drafter can walk such a draft; structure's lookups made this one.
+
+The workaround: a mask is filled from a copy of the matcher (`LLMatcher.deep_copy`, ≈ 1 µs here), so
+the request's own matcher only accepts, validates and rolls back, which llguidance does exactly.
+It is installed in every vLLM process an AgentSpec engine or `agentspec serve` starts: in-process by
+`vllm_start`, in vLLM's own processes by the `vllm.general_plugins` entry point `register`, which is
+inert unless `EXACT_MASKS_ENV` is "1" (our starts set it), so other vLLM users in the environment are
+left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+from agentspec_sdk.errors import BackendError
+
+__all__ = ["EXACT_MASKS_ENV", "register", "patch_guidance"]
+
+log = logging.getLogger("agentspec.backends")
+
+EXACT_MASKS_ENV = "AGENTSPEC_EXACT_MASKS"
+_PATCHED = "_agentspec_exact_masks"
+
+
+def register() -> None:
+    """The entry point: patch vLLM's llguidance grammar when EXACT_MASKS_ENV is "1"; else nothing."""
+    if os.environ.get(EXACT_MASKS_ENV) == "1":
+        patch_guidance()
+
+
+def patch_guidance(grammar_cls=None) -> None:
+    """Make `GuidanceGrammar.fill_bitmask` fill from a copy of the request's matcher (idempotent);
+    BackendError naming the vLLM version when the class is not laid out as in vLLM 0.32."""
+    if grammar_cls is None:
+        from vllm.v1.structured_output.backend_guidance import GuidanceGrammar as grammar_cls
+    fill = getattr(grammar_cls, "fill_bitmask", None)
+    if fill is None or "ll_matcher" not in getattr(grammar_cls, "__dataclass_fields__", {}):
+        raise BackendError(f"vLLM {_vllm_version()}: {grammar_cls.__name__} has no fill_bitmask / "
+                           "ll_matcher; the exact-mask workaround cannot hook it")
+    if getattr(fill, _PATCHED, False):
+        return
+    import llguidance.torch as llguidance_torch
+
+    @functools.wraps(fill)
+    def fill_bitmask(self, bitmask, idx: int) -> None:
+        # a copy: the matcher that accepts and rolls back never computes a mask (module docstring)
+        llguidance_torch.fill_next_token_bitmask(self.ll_matcher.deep_copy(), bitmask, idx)
+        self.check_error()
+
+    setattr(fill_bitmask, _PATCHED, True)
+    grammar_cls.fill_bitmask = fill_bitmask
+    log.info("vLLM's llguidance masks are filled from a copy of each matcher (exact after rollbacks)")
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+
+        return vllm.__version__
+    except Exception:  # pragma: no cover - vLLM absent
+        return "?"
