@@ -113,7 +113,7 @@ class OnlineStepCost:
     few rows the drafted counts spread little, so the fitted c can be far off for a while; the budget
     prices every draft token with it. So the fit is not taken as it is: `delta()` is the fitted
     delta shrunk toward the prior by their precisions (a normal prior with sd `prior_sd`, default
-    the prior itself; the fit's standard error from the weighted residuals), and `terms()` carries
+    the prior itself, at least 0.01; the fit's standard error from the weighted residuals), and `terms()` carries
     the shrunk c. Clean step times learn the fit (its error is small); noisy ones stay near the prior
     (`delta_raw()`, `delta_se()` say what the fit alone gave)."""
 
