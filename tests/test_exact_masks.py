@@ -56,7 +56,8 @@ def test_llguidance_masks_after_a_rolled_back_walk_allow_a_forbidden_token(ll_to
 
     bitmask = lt.allocate_token_bitmask(len(DATA["draft"]) + 1, ll_tokenizer.vocab_size)
     m = _matcher(ll_tokenizer)
-    _walk_then_mask(m, m.consume_tokens, lambda b, i: lt.fill_next_token_bitmask(m, b, i), m.rollback, bitmask)
+    _walk_then_mask(m, m.consume_tokens, lambda b, i: lt.fill_next_token_bitmask(m, b, i), m.rollback,
+                    bitmask)
     assert _allows(bitmask, 0, DATA["forbidden"])
     assert not m.consume_tokens([DATA["forbidden"]])  # what vLLM then refuses, ending the request
     fresh = _matcher(ll_tokenizer)  # the same tokens without the walk: the exact mask
@@ -112,7 +113,8 @@ def test_the_workaround_refuses_a_class_it_cannot_hook_and_is_inert_unless_asked
 def test_structure_on_the_long_context_turn_is_token_identical_to_off(tmp_path):
     """The real engines (bench, spawned): the turn where structure's output ended in vLLM's grammar
     error is identical to `off` now."""
-    lines = (ROOT / "agentspec_sdk" / "replay" / "traces" / "bfcl_long_context.jsonl").read_text().splitlines()
+    traces = ROOT / "agentspec_sdk" / "replay" / "traces" / "bfcl_long_context.jsonl"
+    lines = traces.read_text().splitlines()
     trace = tmp_path / "episode.jsonl"
     trace.write_text(next(line for line in lines if '"bfcl/multi_turn_long_context_6"' in line) + "\n")
     out = tmp_path / "bench"

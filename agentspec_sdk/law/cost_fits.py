@@ -113,13 +113,13 @@ class OnlineStepCost:
     few rows the drafted counts spread little, so the fitted c can be far off for a while; the budget
     prices every draft token with it. So the fit is not taken as it is: `delta()` is the fitted
     delta shrunk toward the prior by their precisions (a normal prior with sd `prior_sd`, default
-    the prior itself, at least 0.01; the fit's standard error from the weighted residuals), and `terms()` carries
-    the shrunk c. Clean step times learn the fit (its error is small); noisy ones stay near the prior
-    (`delta_raw()`, `delta_se()` say what the fit alone gave)."""
+    the prior itself, at least 0.01; the fit's standard error from the weighted residuals), and
+    `terms()` carries the shrunk c. Clean step times learn the fit (its error is small); noisy ones
+    stay near the prior (`delta_raw()`, `delta_se()` say what the fit alone gave)."""
 
-    __slots__ = ("prior", "prior_sd", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx", "_xty",
-                 "_yy", "_weight", "_n", "_last", "_typical", "_estimate", "_raw", "_since_solve", "_rows_seen",
-                 "_drafted_seen", "_terms", "_ctx_sums")
+    __slots__ = ("prior", "prior_sd", "decay", "min_steps", "max_gap_factor", "solve_every", "_xtx",
+                 "_xty", "_yy", "_weight", "_n", "_last", "_typical", "_estimate", "_raw", "_since_solve",
+                 "_rows_seen", "_drafted_seen", "_terms", "_ctx_sums")
 
     def __init__(self, prior_delta: float, *, decay: float = 0.995, min_steps: int = 64,
                  max_gap_factor: float = 4.0, solve_every: int = 16, prior_sd: float | None = None):
