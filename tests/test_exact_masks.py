@@ -36,7 +36,7 @@ def _allows(bitmask, row: int, token: int) -> bool:
     return bool((int(bitmask[row, token // 32]) >> (token % 32)) & 1)
 
 
-def _walk_then_mask(grammar, accept, fill, rollback, bitmask) -> None:
+def _walk_then_mask(accept, fill, rollback, bitmask) -> None:
     """vLLM's `grammar_bitmask` over the draft (fill, accept, ..., fill, rollback), then the tokens the
     model wrote, then the next mask into row 0."""
     accept(DATA["prefix"])
@@ -56,7 +56,7 @@ def test_llguidance_masks_after_a_rolled_back_walk_allow_a_forbidden_token(ll_to
 
     bitmask = lt.allocate_token_bitmask(len(DATA["draft"]) + 1, ll_tokenizer.vocab_size)
     m = _matcher(ll_tokenizer)
-    _walk_then_mask(m, m.consume_tokens, lambda b, i: lt.fill_next_token_bitmask(m, b, i), m.rollback,
+    _walk_then_mask(m.consume_tokens, lambda b, i: lt.fill_next_token_bitmask(m, b, i), m.rollback,
                     bitmask)
     assert _allows(bitmask, 0, DATA["forbidden"])
     assert not m.consume_tokens([DATA["forbidden"]])  # what vLLM then refuses, ending the request
@@ -84,7 +84,7 @@ def test_vllm_guidance_grammar_fills_exact_masks_once_patched(ll_tokenizer):
     grammar = Probe(ll_matcher=_matcher(ll_tokenizer), ll_tokenizer=ll_tokenizer,
                     vocab_size=ll_tokenizer.vocab_size)
     bitmask = lt.allocate_token_bitmask(len(DATA["draft"]) + 1, ll_tokenizer.vocab_size)
-    _walk_then_mask(grammar, lambda t: grammar.accept_tokens("r", t), grammar.fill_bitmask, grammar.rollback,
+    _walk_then_mask(lambda t: grammar.accept_tokens("r", t), grammar.fill_bitmask, grammar.rollback,
                     bitmask)
     assert not _allows(bitmask, 0, DATA["forbidden"]) and _allows(bitmask, 0, DATA["allowed"])
     for row, token in enumerate(DATA["draft"][1:], start=1):  # masks along the walk are the walk's own
