@@ -10,6 +10,7 @@ from agentspec_sdk.backends.vllm_metrics import label_records
 from agentspec_sdk.replay import accounting
 from agentspec_sdk.replay.aggregate import summarize
 from agentspec_sdk.replay.loop import TurnLog
+from agentspec_sdk.replay.passes import pass_table, steady_decode
 from agentspec_sdk.structure.formats import LawClass
 from agentspec_sdk.structure.segmenter import Span
 from agentspec_sdk.structure.token_labels import TokenClassifier
@@ -192,3 +193,42 @@ def test_label_records_from_token_starts():
     label_records(records, labels, clf.starts(text, ids), spans)
     assert records[0]["law_class"] == "S" and records[0]["kind"] == "tool_call"
     assert records[1] == {"position": 0, "law_class": "S", "kind": "x"}  # the proposer's own labels stay
+
+
+def _pass(t, s, rows, tokens, new=0, prefill=0):
+    return {"t": t, "s": s, "rows": rows, "tokens": tokens, "ctx": 100 * rows, "prefill": prefill, "new": new,
+            "grammar": 0}
+
+
+def test_steady_decode_leaves_out_the_waits_on_other_requests_prefills():
+    """Two decoding rows, then a third agent's prompt prefilled in a long pass: the rows' wait there
+    is in `prefill_wait_share`, not in `steady_tok_s` (their tokens per second of the other passes)."""
+    table = [_pass(0.0, 0.2, 1, 1, new=1, prefill=300),  # the first row's own prefill: not a decode pass
+             _pass(0.2, 0.1, 2, 5, new=1, prefill=200),  # row 2's prefill while row 1 decodes: a wait
+             _pass(0.3, 0.05, 2, 8), _pass(0.35, 0.05, 2, 6),
+             _pass(0.4, 0.3, 3, 3, new=1, prefill=500),  # row 3's prefill: both rows wait 0.3 s
+             _pass(0.7, 0.05, 3, 9)]
+    got = steady_decode(pass_table(table))
+    steady_s = 2 * 0.05 + 2 * 0.05 + 3 * 0.05
+    assert got["steady_tok_s"] == pytest.approx((8 + 6 + 9) / steady_s)
+    wait_s = 1 * 0.1 + 2 * 0.3
+    assert got["prefill_wait_share"] == pytest.approx(wait_s / (wait_s + steady_s))
+    assert steady_decode([]) == {"steady_tok_s": None, "prefill_wait_share": None}
+
+
+def test_steady_rates_reach_the_peer_and_repeat_tables():
+    runs = [_run("suffix", 110, 60, 16.0), _run("structure", 90, 120, 15.0)]
+    logs = {"suffix": [_pass(0.0, 0.2, 1, 1, new=1, prefill=300)] + [_pass(0.2 + 0.1 * i, 0.1, 1, 4)
+                                                                       for i in range(5)],
+            "structure": [_pass(0.0, 0.2, 1, 1, new=1, prefill=300)] + [_pass(0.2 + 0.1 * i, 0.1, 1, 5)
+                                                                          for i in range(5)]}
+    accounting.add_steady_rates(runs, logs, lambda r: r["mode"])
+    assert runs[0]["steady_tok_s"] == pytest.approx(40.0) and runs[1]["steady_tok_s"] == pytest.approx(50.0)
+    [row] = accounting.peer_table(runs)
+    assert row["tok_s_vs_best_stock"] == pytest.approx(15.0 / 16.0)  # the whole decode time
+    assert row["best_stock_by_steady"] == "suffix" and row["steady_vs_best_stock"] == pytest.approx(1.25)
+    for r in runs:
+        r.update(repeat=0, accepted=40)
+    by = {r["mode"]: r for r in accounting.repeat_table(runs, {}, None, lambda r: None)}
+    assert by["structure"]["steady_tok_s_median"] == pytest.approx(50.0)
+    assert by["structure"]["steady_median_vs_best_stock"] == pytest.approx(1.25)

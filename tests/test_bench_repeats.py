@@ -29,6 +29,9 @@ def test_bench_repeats_with_the_tuned_suffix_peer(tmp_path):
         assert r["repeats"] == [0, 1] and all(s > 0 for s in r["decode_tok_s"])
         assert r["decode_tok_s_min"] <= r["decode_tok_s_median"] <= r["decode_tok_s_max"]
         assert r["drafted"][0] > 0
+        # the engine's pass log gives every repeat its decode rate apart from the waits on prefills
+        assert all(v is not None and v > 0 for v in r["steady_tok_s"])
+        assert all(0.0 <= w <= 1.0 for w in r["prefill_wait_share"])
         # fresh engines, temperature 0: the second repeat computes what the first did
         assert len(set(r["passes"])) == 1 and len(set(r["accepted"])) == 1
     assert rep["peers"] == []  # no structure run to compare

@@ -3,8 +3,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving, row_prices
+from agentspec_sdk.drafting.budget import (
+    TokenRate,
+    allocate,
+    batch_price,
+    fixed,
+    predicted_saving,
+    row_prices,
+)
 from agentspec_sdk.errors import LawInputError
+from agentspec_sdk.law.closed_forms import saving, tau
 
 alphas_st = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24)
 
@@ -177,3 +185,48 @@ def test_sent_value_counts_only_what_the_budget_sends():
     assert sent_value([0.9, 0.2, 0.9], 0.3, 8) == pytest.approx(0.9)  # 0.18 < 0.3: the rest is not sent
     assert sent_value([0.9, 0.9, 0.9], 0.0, 2) == pytest.approx(0.9 + 0.81)  # at most gamma_max
     assert sent_value([0.2], 0.3, 8) == 0.0
+
+
+def _law_optimum(alpha: float, delta: float, gamma_max: int) -> tuple[int, float]:
+    """The draft length that maximises the law's saving s = 1 - (1 + γδ) / (τ + 1) for one row of
+    constant acceptance alpha, and its tokens per unit of pass cost (1 + τ) / (1 + γδ)."""
+    best = max(range(gamma_max + 1), key=lambda g: float(saving(g, tau(g, 1.0 - alpha), delta, 0.0)))
+    t = float(tau(best, 1.0 - alpha))
+    return best, (1.0 + t) / (1.0 + best * delta)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9, 0.95])
+@pytest.mark.parametrize("delta", [0.02, 0.05, 0.1, 0.2])
+def test_the_rate_rule_sends_the_laws_optimal_draft_and_the_value_rule_more(alpha, delta):
+    """A token worth its price (value >= δ) is not worth sending when every pass already yields
+    `rate` tokens per unit of cost: at the price δ · rate the budget sends exactly the γ that
+    maximises the law's saving; at δ alone it sends more wherever the optimum is below γ_max."""
+    best, rate = _law_optimum(alpha, delta, 16)
+    assert allocate([alpha], delta * rate, None, 16)[0] == best
+    assert allocate([alpha], delta, None, 16)[0] >= best
+    if best < 16:
+        assert allocate([alpha], delta, None, 16)[0] > best
+
+
+def test_the_learned_token_rate_settles_at_the_laws_optimum():
+    """The drafter's loop: size at δ · rate, then observe what the draft yielded; the rate it learns
+    from that brings the draft to the law's optimum (here from the value rule's 13 to 8)."""
+    alpha, delta = 0.8, 0.05
+    rate = TokenRate(decay=0.9, min_steps=4)
+    for _ in range(200):
+        gamma = int(allocate([alpha], delta * rate.value(), None, 16)[0])
+        rate.observe(100, round(100 * float(tau(gamma, 1.0 - alpha))), 100 * gamma * delta)  # 100 rows
+    best, _ = _law_optimum(alpha, delta, 16)
+    assert gamma == best == 8
+    assert rate.value() == pytest.approx((1 + float(tau(8, 0.2))) / (1 + 8 * delta), rel=0.02)
+
+
+def test_token_rate_counts_tokens_per_priced_row_share():
+    rate = TokenRate(decay=1.0, min_steps=2)
+    rate.observe(2, 6, 1.0)
+    assert rate.value() == 1.0  # not learned yet: every token at its price
+    rate.observe(2, 6, 1.0)
+    rate.observe(0, 5, 1.0)  # a step without rows is no pass
+    assert rate.value() == pytest.approx(16 / 6)
+    with pytest.raises(LawInputError, match="decay"):
+        TokenRate(decay=0.0)

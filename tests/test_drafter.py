@@ -297,6 +297,8 @@ def test_plan_round_trips_and_rejects_bad_fields(tmp_path):
         DraftPlan.from_dict({"gama_max": 3})
     with pytest.raises(PlanError, match="prior_acceptance"):
         DraftPlan(prior_acceptance={"S": 1.5})
+    with pytest.raises(PlanError, match="budget_rule must be 'rate' or 'value', got 'ratio'"):
+        DraftPlan(budget_rule="ratio")
     with pytest.raises(PlanError, match="not valid JSON"):
         (tmp_path / "bad.json").write_text("{")
         DraftPlan.load(tmp_path / "bad.json")
@@ -396,3 +398,17 @@ def test_an_unsupported_tool_schema_disables_forcing_only(tok):
     ids = tok.encode(_prompt(tok, "Find the Trattoria Bellavista Downtown please.")
                      + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
     assert tok.decode(drafter.propose([RowInput(np.array(ids))])[0]).startswith("avista")
+
+
+def test_every_bench_ablation_is_a_valid_plan():
+    """The bench modes structure-no-budget, -no-isolation and -rate-rule reach the drafter as plan
+    fields (`engine_config.ABLATION_PLAN`, what `Engine` builds its plan with)."""
+    from agentspec_sdk.backends.engine_config import ABLATION_PLAN, ABLATIONS
+    from agentspec_sdk.replay.arms import MODES
+
+    assert set(ABLATION_PLAN) == set(ABLATIONS)
+    for mode in ("structure-no-budget", "structure-no-isolation", "structure-rate-rule"):
+        fields = ABLATION_PLAN[MODES[mode]["ablation"]]
+        plan = DraftPlan(tools=TOOLS, **fields)
+        assert fields and all(getattr(plan, k) == v for k, v in fields.items())
+    assert DraftPlan(tools=TOOLS).budget_rule == "value"

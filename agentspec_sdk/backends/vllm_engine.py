@@ -26,7 +26,7 @@ from typing import Any
 
 from agentspec_sdk.backends.chat_template import ChatTemplate
 from agentspec_sdk.backends.contract import EngineBase
-from agentspec_sdk.backends.engine_config import MODEL_DRAFTERS, STOCK, EngineConfig
+from agentspec_sdk.backends.engine_config import ABLATION_PLAN, MODEL_DRAFTERS, STOCK, EngineConfig
 from agentspec_sdk.backends.engine_totals import EngineTotals
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.pass_log import PassLog
@@ -105,8 +105,8 @@ class Engine(EngineBase):
         self.records_path = self._work / "records.jsonl"
         self.plan = DraftPlan(formats=list(self.formats.values()), tools=self.registry.openai_tools(),
                               tokenizer=self.model, gamma_max=gamma_max, step_budget=cfg.step_budget,
-                              isolation=ablation != "no_isolation", budget=ablation != "no_budget",
-                              records_path=str(self.records_path), **(cfg.law or {}))
+                              records_path=str(self.records_path),
+                              **{**ABLATION_PLAN[ablation], **(cfg.law or {})})
         self.plan.save(self.plan_path)
         self.records_path.touch()
         self._tail = RecordsTail(self.records_path)

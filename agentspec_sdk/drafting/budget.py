@@ -68,6 +68,45 @@ def row_prices(price: float, rows: int, contexts, delta_ctx: float, ref_ctx: flo
     return np.array([batch_price(max(price + s, 0.0), rows) for s in shift])
 
 
+class TokenRate:
+    """The run's output tokens per unit of pass cost, learned from what the drafts got accepted:
+
+        rate = Σ (rows + accepted) / Σ (rows + Σ_r price_r · drafted_r)      (over steps, decayed)
+
+    in units of a row's share of a pass without drafts (1 with no drafts). A pass of n rows costs
+    n + Σ_r p_r γ_r row shares (p_r: the row's price, `row_prices`) and yields n + accepted tokens,
+    so the run's cost per token is (Σ passes' costs) / (Σ tokens), and one more draft token of value
+    v (expected accepted tokens) lowers it only when v > rate · p_r: a token worth its price at a rate
+    of one token per pass is not worth it when every pass already yields `rate` tokens per row share.
+    That is the law's saving s = 1 - (1 + γ(δ + d)) / (τ + 1) at its optimum (ds/dγ = 0 at
+    v = (δ + d)(τ + 1) / (1 + γ(δ + d))), taken over the run rather than per row or step: the budget
+    prices each token at `rate` times its price (plan budget_rule "rate"). Measured from realised
+    acceptance, not the drafts' own estimates; 1 until `min_steps` steps."""
+
+    __slots__ = ("decay", "min_steps", "_tokens", "_cost", "_steps")
+
+    def __init__(self, decay: float = 0.99, min_steps: int = 16):
+        if not 0.0 < decay <= 1.0:
+            raise LawInputError(f"decay must be in (0, 1], got {decay}")
+        self.decay, self.min_steps = decay, min_steps
+        self._tokens = self._cost = 0.0
+        self._steps = 0
+
+    def observe(self, rows: int, accepted: int, priced: float) -> None:
+        """One step: `rows` rows each got a pass, `accepted` draft tokens were accepted (the previous
+        step's drafts, resolved in this one), `priced` = Σ_r p_r γ_r of the drafts sent now."""
+        if rows <= 0:
+            return
+        self._tokens = self.decay * self._tokens + rows + max(int(accepted), 0)
+        self._cost = self.decay * self._cost + rows + max(float(priced), 0.0)
+        self._steps += 1
+
+    def value(self) -> float:
+        if self._steps < self.min_steps or self._cost <= 0:
+            return 1.0
+        return max(self._tokens / self._cost, 1.0)
+
+
 def sent_length(confidences, price: float, gamma_max: int) -> int:
     """How many tokens of a draft the budget sends a row without a step cap: the prefix whose
     values v_j = Π_{i≤j} confidence_i are ≥ `price`, at most `gamma_max`."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sdk.drafting.budget import allocate, fixed, row_prices
+from agentspec_sdk.drafting.budget import TokenRate, allocate, fixed, row_prices
 from agentspec_sdk.drafting.candidates import CandidateBuilder, _tool_call_grammar
 from agentspec_sdk.drafting.forced import CallMatcher
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
@@ -73,6 +73,8 @@ class StructureDrafter(CandidateBuilder):
         self.choice_bias: dict[tuple[str, str], float] = {}
         self.accounting = Accounting(OnlineAcceptance(plan.prior_acceptance), plan.records_path)
         self.cost = OnlineStepCost(plan.delta)
+        self.rate = TokenRate()  # the run's tokens per unit of pass cost (plan budget_rule "rate")
+        self._accepted_now = 0  # draft tokens accepted among the drafts resolved in this step
         self.last_error: str | None = None  # traceback of the last failing row or step
         self.failures = 0  # failing rows and steps, logged or not
         # explain mode (benchmarks/offline_drafting.py --explain): a list that gets, per step, one dict
@@ -177,7 +179,7 @@ class StructureDrafter(CandidateBuilder):
 
     def _propose(self, rows: Sequence[RowInput], started: float, at: float) -> list[list[int]]:
         self._check_plan()
-        errors = 0
+        errors, self._accepted_now = 0, 0
         states = self._match_rows(rows)
         candidates: list[Candidate | None] = [None] * len(rows)
         notes = [{} for _ in rows] if self.explain is not None else None
@@ -271,6 +273,7 @@ class StructureDrafter(CandidateBuilder):
         verified = sampled - 1 if sampled and len(ids) - sampled == pending.position else None
         rnd = resolve(pending, ids[pending.position:].tolist(), verified)
         self.accounting.add(rnd, pending.sources)
+        self._accepted_now += rnd.accepted
         if st.contest is not None:
             self._judge_choice(st.contest, rnd.accepted, ids[pending.position:].tolist())
             st.contest = None
@@ -313,7 +316,14 @@ class StructureDrafter(CandidateBuilder):
             sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:
             sizes = fixed(alphas[:, 0], price, self.gamma, lengths, gate=self.plan.gate)
+        scale = self._rate()
+        self.rate.observe(len(candidates), self._accepted_now, float(np.dot(price / scale, sizes)))
         return [c.tokens[: int(k)] if c and k else [] for c, k in zip(candidates, sizes, strict=True)]
+
+    def _rate(self) -> float:
+        """What the budget multiplies each token's price by: the run's tokens per unit of pass cost
+        (`budget.TokenRate`) under budget_rule "rate", 1 under "value"."""
+        return self.rate.value() if self.plan.budget_rule == "rate" else 1.0
 
     def _prices(self, rows: int, contexts=None) -> np.ndarray:
         """The price of one draft token per row of a step of `rows` rows, each row by its context
@@ -323,7 +333,7 @@ class StructureDrafter(CandidateBuilder):
         ref = self.cost.ref_ctx() if self.plan.learn_delta and self.cost.learned else None
         ref = float(self.plan.ctx_ref if ref is None else ref)
         ctx = [ref] * rows if contexts is None else contexts
-        return row_prices(self.price, rows, ctx, self.plan.delta_ctx, ref, terms)
+        return row_prices(self.price, rows, ctx, self.plan.delta_ctx, ref, terms) * self._rate()
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -351,6 +361,7 @@ class StructureDrafter(CandidateBuilder):
                 "grammar_error": self.grammar_error, "delta": self.price - self.plan.d,
                 "delta_learned": self.plan.learn_delta and self.cost.learned,
                 "delta_fit": self.cost.delta_raw(), "delta_fit_se": self.cost.delta_se(),
+                "token_rate": self.rate.value(),
                 "last_error": self.last_error}
 
     def reset_stats(self) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from agentspec_sdk import law
 from agentspec_sdk.backends.engine_config import STOCK
 from agentspec_sdk.law.cost_fits import STEP_PRICE_MIN_STEPS
-from agentspec_sdk.replay.passes import passes_from_steps
+from agentspec_sdk.replay.passes import pass_table, passes_from_steps, steady_decode
 
 MIN_STEPS = STEP_PRICE_MIN_STEPS
 # the bench modes that are vLLM's own drafters: the peers' "best stock drafter" is the best of these
@@ -89,13 +89,23 @@ def run_delta(price: Mapping | None, own: list[Mapping], run: Mapping) -> float:
     return price_at(price, rows) if price else 0.0
 
 
+def add_steady_rates(runs: list[dict], passes: Mapping[tuple, list[Mapping]], key_of) -> None:
+    """Adds `steady_tok_s` and `prefill_wait_share` (`passes.steady_decode`) to every run with an
+    engine pass log. `passes`: per (run key, mode) the engine's pass log; `key_of` as for `add_costs`."""
+    for r in runs:
+        log = passes.get(key_of(r))
+        if log:
+            r.update(steady_decode(pass_table(log)))
+
+
 def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], price: Mapping | None,
                  key_of) -> list[dict]:
     """`bench --repeats`: per (arm, mode, γ, b, prefix cache), in the order of `runs`, every repeat's
     passes, drafted, accepted, cost (δ̂ from `price`, the report's fit, at each run's own rows) and
-    decode tok/s, with the median and range (min, max) of decode tok/s over the repeats; structure's
-    rows also get their median against the best stock drafter's median (`STOCK_MODES`; among those
-    measured in structure's `engine_group` in every repeat, where there are any, as `peer_table`).
+    decode tok/s, with the median and range (min, max) of decode tok/s over the repeats, and the
+    median of `steady_tok_s` (`add_steady_rates`); structure's rows also get both medians against the
+    best stock drafter's (`STOCK_MODES`; among those measured in structure's `engine_group` in every
+    repeat, where there are any, as `peer_table`).
     `steps` and `key_of` as for `add_costs`."""
     groups: dict[tuple, list[Mapping]] = {}
     for r in runs:
@@ -108,6 +118,7 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
             delta = run_delta(price, steps.get(key_of(r)) or [], r)
             costs.append(r["passes"] + delta * r["drafted"])
         speeds = [r["decode_tok_s"] for r in rs if r.get("decode_tok_s")]
+        steady = [r["steady_tok_s"] for r in rs if r.get("steady_tok_s")]
         out.append({"arm": arm, "mode": mode, "gamma": gamma, "batch": batch, "prefix_cache": cache,
                     "repeats": [r.get("repeat", 0) for r in rs],
                     "engine_groups": [r.get("engine_group") for r in rs], "passes": [r["passes"] for r in rs],
@@ -115,7 +126,10 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
                     "cost": costs, "decode_tok_s": [r.get("decode_tok_s") for r in rs],
                     "decode_tok_s_median": float(np.median(speeds)) if speeds else None,
                     "decode_tok_s_min": min(speeds) if speeds else None,
-                    "decode_tok_s_max": max(speeds) if speeds else None})
+                    "decode_tok_s_max": max(speeds) if speeds else None,
+                    "steady_tok_s": [r.get("steady_tok_s") for r in rs],
+                    "steady_tok_s_median": float(np.median(steady)) if steady else None,
+                    "prefill_wait_share": [r.get("prefill_wait_share") for r in rs]})
     cells: dict[tuple, dict[str, dict]] = {}
     for row in out:
         cells.setdefault((row["arm"], row["gamma"], row["batch"], row["prefix_cache"]), {})[row["mode"]] = row
@@ -128,14 +142,21 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
             best = max(stock, key=lambda row: row["decode_tok_s_median"])
             st["best_stock_by_tok_s_median"] = best["mode"]
             st["tok_s_median_vs_best_stock"] = _ratio(st["decode_tok_s_median"], best["decode_tok_s_median"])
+            steady = [row for row in stock if row["steady_tok_s_median"]]
+            if st["steady_tok_s_median"] and steady:
+                best = max(steady, key=lambda row: row["steady_tok_s_median"])
+                st["best_stock_by_steady_median"] = best["mode"]
+                st["steady_median_vs_best_stock"] = _ratio(st["steady_tok_s_median"],
+                                                           best["steady_tok_s_median"])
     return out
 
 
 def peer_table(runs: Iterable[Mapping]) -> list[dict]:
     """Per (arm, batch, γ, prefix cache): structure against `off`, the best stock drafter (by cost and
-    by decode tok/s, each picked on its own measure; by decode tok/s among the peers of structure's own
-    `engine_group` where there are any) and the oracle; `oracle_share` = the share of the
-    oracle's cost saving over the best stock drafter that structure captures."""
+    by decode tok/s and by steady decode tok/s (`add_steady_rates`), each picked on its own measure; by
+    the two rates among the peers of structure's own `engine_group` where there are any) and the
+    oracle; `oracle_share` = the share of the oracle's cost saving over the best stock drafter that
+    structure captures."""
     cells: dict[tuple, dict[str, Mapping]] = {}
     offs: dict[tuple, Mapping] = {}
     for r in runs:
@@ -163,11 +184,16 @@ def peer_table(runs: Iterable[Mapping]) -> list[dict]:
             group = st.get("engine_group")
             beside = [r for r in stock if r.get("engine_group") == group] or stock
             by_speed = max(beside, key=lambda r: r.get("decode_tok_s") or 0.0)
+            by_steady = max(beside, key=lambda r: r.get("steady_tok_s") or 0.0)
             row.update({"best_stock_by_cost": by_cost["mode"], "best_stock_cost": by_cost.get("cost"),
                         "best_stock_by_tok_s": by_speed["mode"],
                         "best_stock_tok_s": by_speed.get("decode_tok_s"),
                         "cost_vs_best_stock": _ratio(by_cost.get("cost"), st.get("cost")),
-                        "tok_s_vs_best_stock": _ratio(st.get("decode_tok_s"), by_speed.get("decode_tok_s"))})
+                        "tok_s_vs_best_stock": _ratio(st.get("decode_tok_s"), by_speed.get("decode_tok_s")),
+                        "structure_prefill_wait_share": st.get("prefill_wait_share")})
+            if st.get("steady_tok_s") and by_steady.get("steady_tok_s"):
+                row.update({"best_stock_by_steady": by_steady["mode"],
+                            "steady_vs_best_stock": _ratio(st["steady_tok_s"], by_steady["steady_tok_s"])})
             oc = st.get("oracle_cost")
             if oc is not None and by_cost.get("cost"):
                 row["oracle_vs_best_stock"] = by_cost["cost"] / oc if oc else None

@@ -40,6 +40,10 @@ MODES = {
     "structure": {"speculation": "structure"},
     "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
     "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
+    # the budget's "rate" rule: each token at its price times the run's tokens per unit of pass cost
+    # (drafting.budget.TokenRate); not the default: it loses ReAct offline and in the engine
+    # (docs/drafting.md)
+    "structure-rate-rule": {"speculation": "structure", "ablation": "rate_rule"},
     # vLLM's draft_model method with the layer-truncated draft (`agentspec draft make`, made on first
     # use): alone, cut at segment ends (the ablation of mechanism 1), and the full hybrid
     "draft_model": {"speculation": "draft_model"},

@@ -273,6 +273,10 @@ def headline(report: dict) -> list[str]:
             parts.append(f"{p['cost_vs_best_stock']:.2f}× the best stock drafter in cost "
                          f"({p['best_stock_by_cost']}), {_x(p.get('tok_s_vs_best_stock'))} in decode tok/s "
                          f"({p['best_stock_by_tok_s']})")
+            if p.get("steady_vs_best_stock"):
+                parts[-1] += (f", {p['steady_vs_best_stock']:.2f}× in steady decode tok/s "
+                              f"({p['best_stock_by_steady']}; structure's rows waited on prefills "
+                              f"{_pct(p.get('structure_prefill_wait_share'))} of their decode time)")
         if p["arm"] == "D" and p.get("oracle_vs_best_stock"):
             share = p.get("oracle_share")
             parts.append(f"oracle {p['oracle_vs_best_stock']:.2f}× the best stock drafter in cost, structure "
@@ -282,9 +286,12 @@ def headline(report: dict) -> list[str]:
     for r in report.get("repeats") or []:  # bench --repeats: the median decode rate against the peers
         vs = r.get("tok_s_median_vs_best_stock")
         if r["mode"] == "structure" and r["batch"] == b and r["prefix_cache"] and vs:
+            steady = r.get("steady_median_vs_best_stock")
+            more = (f", {steady:.2f}× ({r['best_stock_by_steady_median']}) in median steady decode tok/s"
+                    if steady else "")
             lines.append(f"Arm {r['arm']}, b={b}, γ={r['gamma']}: structure {vs:.2f}× "
-                         f"the best stock drafter ({r['best_stock_by_tok_s_median']}) in median decode tok/s "
-                         f"over {len(r['repeats'])} repeats")
+                         f"the best stock drafter ({r['best_stock_by_tok_s_median']}) in median decode tok/s"
+                         f"{more} over {len(r['repeats'])} repeats")
     for v in report.get("verdicts", []):
         lines.append(f"{v['name']}: {v['status']} — {v['text']}")
     return lines
@@ -292,6 +299,10 @@ def headline(report: dict) -> list[str]:
 
 def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}×"
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{v:.0%}"
 
 
 def _headline(report: dict) -> None:

@@ -67,6 +67,33 @@ def pass_cycle(p: Mapping) -> dict:
     return dict(p, s=p["s"] + p.get("loop_s", 0.0))
 
 
+def steady_decode(table: Iterable[Mapping]) -> dict:
+    """Decode tok/s apart from the waits on other requests' prefills, from a pass table (`pass_table`).
+
+    A row that is decoding when another agent's next turn arrives waits through that turn's prefill
+    (a pass of a few hundred prompt tokens costs 4-8 decode passes here). Every mode prefills the same
+    prompts, but when they land among the decoding rows depends on when earlier turns ended, so that
+    wait moves decode tok/s by chance between modes and repeats. Returns `steady_tok_s`: the decoding
+    rows' tokens per second of their time in passes that prefilled nothing; `prefill_wait_share`: the
+    share of the decoding rows' time spent in passes that prefilled a prompt (each pass with the engine
+    loop after it, weighted by its decoding rows, as per-turn decode time counts it); None without
+    passes."""
+    steady_s = steady_tokens = wait_s = 0.0
+    for p in table:
+        decoding = p.get("rows", 0) - p.get("new", 0)
+        if decoding <= 0:
+            continue
+        seconds = decoding * pass_cycle(p)["s"]
+        if float(p.get("prefill", 0) or 0) > 0:
+            wait_s += seconds
+        else:
+            steady_s += seconds
+            steady_tokens += p.get("tokens", 0) - p.get("new", 0)
+    total = steady_s + wait_s
+    return {"steady_tok_s": steady_tokens / steady_s if steady_s > 0 else None,
+            "prefill_wait_share": wait_s / total if total > 0 else None}
+
+
 def passes_from_steps(steps: Iterable[Mapping]) -> list[dict]:
     """Without an engine pass log: the gap between two consecutive proposer steps is the pass that
     verified the first step's drafts (the proposer's own time is inside it). Gaps over 3x the median

@@ -140,26 +140,29 @@ def _peer_lines(report: Mapping) -> list[str]:
              f"(a server: Σ (output tokens − accepted)); {how}. The oracle drafts "
              "exactly the γ tokens the target writes next.", "",
              "| arm | mode | γ | b | cache | passes | drafted | accepted | δ̂ | cost | oracle cost | decode "
-             "tok/s |",
-             "|" + "---|" * 12]
+             "tok/s | steady tok/s | waiting on prefills |",
+             "|" + "---|" * 14]
     for r in runs:
         lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | "
                      f"{'on' if r['prefix_cache'] else 'off'} "
                      f"| {r['passes']} | {r['drafted']} | {r['accepted']} | {_f(r.get('delta_hat'), '.3f')} "
                      f"| {_f(r.get('cost'), '.0f')} | {_f(r.get('oracle_cost'), '.0f')} | "
-                     f"{_f(r['decode_tok_s'], '.1f')} |")
+                     f"{_f(r['decode_tok_s'], '.1f')} | {_f(r.get('steady_tok_s'), '.1f')} "
+                     f"| {_f(r.get('prefill_wait_share'), '.0%')} |")
     peers = report.get("peers") or []
     if peers:
         lines += ["",
                   "| arm | γ | b | structure ÷ off (cost / tok/s) | best stock by cost | structure ÷ best "
                   "stock, cost | best stock by tok/s | structure ÷ best stock, tok/s | oracle ÷ best stock "
-                  "(cost) | share of the oracle's gain |", "|" + "---|" * 10]
+                  "(cost) | share of the oracle's gain | structure ÷ best stock, steady tok/s |",
+                  "|" + "---|" * 11]
         for p in peers:
             lines.append(f"| {p['arm']} | {p['gamma']} | {p['batch']} | {_f(p.get('cost_vs_off'))}× / "
                          f"{_f(p.get('tok_s_vs_off'))}× | {p.get('best_stock_by_cost', '–')} "
                          f"| {_f(p.get('cost_vs_best_stock'))}× | {p.get('best_stock_by_tok_s', '–')} "
                          f"| {_f(p.get('tok_s_vs_best_stock'))}× | {_f(p.get('oracle_vs_best_stock'))}× "
-                         f"| {_f(p.get('oracle_share'), '.0%')} |")
+                         f"| {_f(p.get('oracle_share'), '.0%')} "
+                         f"| {_f(p.get('steady_vs_best_stock'))}× ({p.get('best_stock_by_steady', '–')}) |")
     return lines
 
 
@@ -174,16 +177,20 @@ def _repeat_lines(report: Mapping) -> list[str]:
              "The tables above are the first repeat's. Counts are deterministic at temperature 0; one that "
              "differs between repeats shows as min–max.", "",
              "| arm | mode | γ | b | cache | repeats | passes | drafted | accepted | cost | decode tok/s "
-             "median | min–max | structure ÷ best stock, median tok/s |",
-             "|" + "---|" * 13]
+             "median | min–max | structure ÷ best stock, median tok/s | steady tok/s median | structure ÷ "
+             "best stock, median steady tok/s |",
+             "|" + "---|" * 15]
     for r in rows:
         vs = (f"{_f(r['tok_s_median_vs_best_stock'])}× ({r['best_stock_by_tok_s_median']})"
               if r.get("tok_s_median_vs_best_stock") else "")
+        steady = (f"{_f(r['steady_median_vs_best_stock'])}× ({r['best_stock_by_steady_median']})"
+                  if r.get("steady_median_vs_best_stock") else "")
         lines.append(f"| {r['arm']} | {r['mode']} | {r['gamma']} | {r['batch']} | "
                      f"{'on' if r['prefix_cache'] else 'off'} | {len(r['repeats'])} | {_span(r['passes'])} "
                      f"| {_span(r['drafted'])} | {_span(r['accepted'])} | {_span(r['cost'], '.0f')} "
                      f"| {_f(r['decode_tok_s_median'], '.1f')} | {_f(r['decode_tok_s_min'], '.1f')}–"
-                     f"{_f(r['decode_tok_s_max'], '.1f')} | {vs} |")
+                     f"{_f(r['decode_tok_s_max'], '.1f')} | {vs} | {_f(r.get('steady_tok_s_median'), '.1f')} "
+                     f"| {steady} |")
     return lines
 
 

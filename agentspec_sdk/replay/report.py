@@ -62,6 +62,7 @@ def build_report(runs: list[dict], logs: Mapping[tuple, list[TurnLog]], *, meta:
     pass log (`Engine.pass_log`). Both feed the pass cost model."""
     add_speedups(runs)
     price = accounting.add_costs(runs, steps or {}, lambda r: (run_key(r), r["mode"]))
+    accounting.add_steady_rates(runs, passes or {}, lambda r: (run_key(r), r["mode"]))
     gamma = int(primary["gamma"])
     spec_logs = [log for (key, mode), ls in logs.items() if mode.startswith("structure") for log in ls]
     if not spec_logs:

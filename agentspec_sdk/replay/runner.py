@@ -371,6 +371,7 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
         # runs in plan order (config, arm, batch, repeat), however they were interleaved in time
         runs.sort(key=lambda r: (order.get((r["mode"], r["gamma"], r["prefix_cache"]), len(order)),
                                  arm_order.get(r["arm"], len(arm_order)), r["batch"], r.get("repeat", 0)))
+        accounting.add_steady_rates(runs, passes, lambda r: (run_key(r), r["mode"]))
         if plan.repeats == 1:
             rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
                                entropies=entropies or None, passes=passes)
