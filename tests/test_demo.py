@@ -115,6 +115,10 @@ def test_demo_measures_suffix_as_a_peer_with_per_class_rows(demo_report):
         assert r["output_tokens"] - r["accepted"] <= r["passes"] <= r["output_tokens"]
         assert r["cost"] >= r["passes"] and r["oracle_cost"] <= r["cost"] + 1e-9
     assert off["passes"] == off["output_tokens"] and off["cost"] == off["passes"]
+    for r in (off, suffix, structure):  # the engine's pass log splits decode time (passes.steady_decode)
+        assert r["steady_tok_s"] > 0 and 0.0 <= r["prefill_wait_share"] <= 1.0
+    # the drafter's price as the run ended: the learned delta, and the rate budget_rule "rate" would use
+    assert structure["drafter_delta"] > 0 and structure["drafter_token_rate"] >= 1.0
     [peer] = [p for p in rep["peers"] if p["arm"] == "D"]
     assert peer["best_stock_by_cost"] == "suffix" and peer["cost_vs_best_stock"] > 0
     assert "Target passes and cost" in stdout

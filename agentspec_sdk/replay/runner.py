@@ -154,14 +154,15 @@ def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any
 
 
 def _drafter_price(engine: AgentEngine) -> dict:
-    """The in-process drafter's price of a draft token as the run ended: the learned delta and the
-    step-time fit it is shrunk from (law.OnlineStepCost); nothing for other drafters or engines."""
+    """The in-process drafter's price of a draft token as the run ended: the learned delta, the
+    step-time fit it is shrunk from (law.OnlineStepCost) and the run's tokens per unit of pass cost
+    (budget.TokenRate, what budget_rule "rate" multiplies prices by); nothing for other drafters."""
     drafter = engine.proposer() if hasattr(engine, "proposer") else None
     stats = drafter.stats() if drafter is not None and hasattr(drafter, "stats") else {}
     if "delta" not in stats:
         return {}
     return {"drafter_delta": stats["delta"], "drafter_delta_fit": stats.get("delta_fit"),
-            "drafter_delta_fit_se": stats.get("delta_fit_se")}
+            "drafter_delta_fit_se": stats.get("delta_fit_se"), "drafter_token_rate": stats.get("token_rate")}
 
 
 def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any,
@@ -371,7 +372,6 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
         # runs in plan order (config, arm, batch, repeat), however they were interleaved in time
         runs.sort(key=lambda r: (order.get((r["mode"], r["gamma"], r["prefix_cache"]), len(order)),
                                  arm_order.get(r["arm"], len(arm_order)), r["batch"], r.get("repeat", 0)))
-        accounting.add_steady_rates(runs, passes, lambda r: (run_key(r), r["mode"]))
         if plan.repeats == 1:
             rep = build_report(runs, logs, meta=meta, primary=plan.primary, partial=partial, steps=steps,
                                entropies=entropies or None, passes=passes)
@@ -379,6 +379,9 @@ def run_plan(plan: Plan, out_dir: str | Path, *, tokenizer: Any,
             rep = build_report([r for r in runs if r["repeat"] == 0], first_repeat(logs), meta=meta,
                                primary=plan.primary, partial=partial, steps=first_repeat(steps),
                                entropies=entropies or None, passes=first_repeat(passes))
+            # build_report gave the first repeat's runs their steady rates; the other repeats need theirs
+            accounting.add_steady_rates([r for r in runs if r["repeat"] != 0], passes,
+                                        lambda r: (run_key(r), r["mode"]))
             rep["repeats"] = clean_json(accounting.repeat_table(runs, steps, rep["verify_price"],
                                                                            lambda r: (run_key(r), r["mode"])))
         with _ctrl_c_held():
