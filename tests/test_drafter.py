@@ -76,6 +76,31 @@ def test_history_text_handles_split_utf8_characters(tok):
     assert isinstance(drafter.token_bytes, TokenBytes)
 
 
+def test_history_text_whole_token_texts_match_the_incremental_decoder(tok):
+    """A token whose bytes are whole characters is taken as its text (the fast path a new row's
+    prompt goes through); mixed with split characters, bulk or token by token, the text and the
+    offsets are what the incremental decoder alone gives."""
+    import codecs
+
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    table = drafter.token_bytes
+    text = 'def f(x):\n    return "서울 ☀️" + x  # ok\n' * 3 + "é\u00e9 ünï"
+    ids = tok.encode(text)
+    assert any(table.texts[t] is None for t in ids) and any(table.texts[t] for t in ids)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    ends, count = [], 0
+    for t in ids:
+        count += len(decoder.decode(table.table[t]))
+        ends.append(count)
+    bulk = HistoryText(table)
+    assert bulk.extend(ids[:7]) + bulk.extend(ids[7:]) == text
+    stepwise = HistoryText(table)
+    for t in ids:
+        stepwise.extend([t])
+    assert bulk.text == stepwise.text == text
+    assert bulk.char_end == stepwise.char_end == ends
+
+
 # -- rows that change between steps ------------------------------------------------------------
 
 def test_rows_reordered_keep_their_state_and_resolve_their_drafts(tok):

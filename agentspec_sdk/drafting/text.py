@@ -7,15 +7,18 @@ until the character completes, so `char_end[i]` (characters decoded after token 
 from __future__ import annotations
 
 import codecs
+from itertools import accumulate
 
 
 class TokenBytes:
-    """Per-token bytes of a vocabulary (special tokens as their text), computed once."""
+    """Per-token bytes of a vocabulary (special tokens as their text), computed once; `texts[i]`:
+    token i's text where its bytes are whole UTF-8 characters on their own (None where they are not)."""
 
     def __init__(self, ll_tokenizer):
         self.ll = ll_tokenizer
         n = ll_tokenizer.vocab_size
         self.table: list[bytes] = [ll_tokenizer.decode_bytes([i]) for i in range(n)]
+        self.texts: list[str | None] = [_whole_text(b) for b in self.table]
 
     def __getitem__(self, token: int) -> bytes:
         try:
@@ -32,11 +35,12 @@ class HistoryText:
     nothing of the prompt. `slice(a, b)` reads it; `text` (the whole, joined) is for the ablation that
     searches the whole history and for tests."""
 
-    __slots__ = ("_bytes", "_decoder", "_head", "_live", "_base", "char_end")
+    __slots__ = ("_bytes", "_decoder", "_clean", "_head", "_live", "_base", "char_end")
 
     def __init__(self, token_bytes: TokenBytes):
         self._bytes = token_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._clean = True  # the decoder holds no bytes of an unfinished character
         self._head, self._live, self._base = "", "", 0
         self.char_end: list[int] = []
 
@@ -62,17 +66,34 @@ class HistoryText:
         return self._head[start:] + self._live[:None if end is None else end - base]
 
     def extend(self, token_ids) -> str:
-        """Append tokens; return the newly decoded text."""
-        table, decode = self._bytes, self._decoder.decode
-        pieces = []
+        """Append tokens; return the newly decoded text. While the decoder holds no unfinished
+        character, a token whose bytes are whole characters is taken as its text, and a run of only
+        such tokens (a new row's whole prompt, usually) without a loop over tokens; the other tokens
+        go through the incremental decoder."""
+        texts, decoder = self._bytes.texts, self._decoder
+        n_texts, clean = len(texts), self._clean
+        ids = [int(t) for t in token_ids]
         count = len(self)
         ends = self.char_end
-        for t in token_ids:
-            piece = decode(table[int(t)])
+        if clean:
+            pieces = [texts[t] if 0 <= t < n_texts else None for t in ids]
+            if None not in pieces:
+                ends.extend(list(accumulate(map(len, pieces), initial=count))[1:])
+                new = "".join(pieces)
+                self._live += new
+                return new
+        table, decode = self._bytes, decoder.decode
+        pieces = []
+        for t in ids:
+            piece = texts[t] if clean and 0 <= t < n_texts else None
+            if piece is None:
+                piece = decode(table[t])
+                clean = not decoder.getstate()[0]
             if piece:
                 pieces.append(piece)
                 count += len(piece)
             ends.append(count)
+        self._clean = clean
         new = "".join(pieces)
         self._live += new
         return new
@@ -80,3 +101,10 @@ class HistoryText:
     def token_start(self, i: int) -> int:
         """Character offset where token i's text starts."""
         return self.char_end[i - 1] if i > 0 else 0
+
+
+def _whole_text(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
