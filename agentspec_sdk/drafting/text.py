@@ -7,7 +7,6 @@ until the character completes, so `char_end[i]` (characters decoded after token 
 from __future__ import annotations
 
 import codecs
-from itertools import accumulate
 
 
 class TokenBytes:
@@ -67,24 +66,16 @@ class HistoryText:
 
     def extend(self, token_ids) -> str:
         """Append tokens; return the newly decoded text. While the decoder holds no unfinished
-        character, a token whose bytes are whole characters is taken as its text, and a run of only
-        such tokens (a new row's whole prompt, usually) without a loop over tokens; the other tokens
-        go through the incremental decoder."""
-        texts, decoder = self._bytes.texts, self._decoder
-        n_texts, clean = len(texts), self._clean
-        ids = [int(t) for t in token_ids]
+        character, a token whose bytes are whole characters is taken as its text (a new row's whole
+        prompt, usually: 0.75 ms at 4.9k tokens against about 2.5 ms through the decoder); the other
+        tokens go through the incremental decoder."""
+        table, texts, decoder = self._bytes, self._bytes.texts, self._decoder
+        decode, n_texts, clean = decoder.decode, len(texts), self._clean
+        pieces = []
         count = len(self)
         ends = self.char_end
-        if clean:
-            pieces = [texts[t] if 0 <= t < n_texts else None for t in ids]
-            if None not in pieces:
-                ends.extend(list(accumulate(map(len, pieces), initial=count))[1:])
-                new = "".join(pieces)
-                self._live += new
-                return new
-        table, decode = self._bytes, decoder.decode
-        pieces = []
-        for t in ids:
+        for t in token_ids:
+            t = int(t)
             piece = texts[t] if clean and 0 <= t < n_texts else None
             if piece is None:
                 piece = decode(table[t])
