@@ -25,7 +25,11 @@ Reported per drafter: target passes (per row), drafted and accepted tokens, and 
 `passes + delta * drafted` (delta = cost of one extra verified token per row of a pass: 0.2 at 8 rows
 by the bench's step-log fit on 2 CPU cores, 3.2 ms per drafted token against 73 ms per pass + 6.6 ms
 per row), whose ratio to `off` predicts the decode speedup; `÷stock` is the best stock drafter's
-(ngram, suffix) cost divided by the row's (> 1: cheaper than what vLLM ships).
+(ngram, suffix) cost divided by the row's (> 1: cheaper than what vLLM ships). The structure rows'
+drafter is priced at that delta (`priced`: the engine's drafter learns its price from the passes it
+times; a replay has none), so they do not depend on the plan's prior.
+
+`--capture --arm A` captures the prose arm (no grammar; the replay adds the prose format).
 
   flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture turns.json [--traces FILE]
   python benchmarks/offline_drafting.py turns.json [--gammas 8,16] [--delta 0.2] [--ideas] [--json]
@@ -44,14 +48,16 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
             arm_name: str = "D") -> None:
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.vllm_engine import Engine
-    from agentspec_sdk.replay.arms import build_arm
+    from agentspec_sdk.replay.arms import PROSE, build_arm
     from agentspec_sdk.replay.replayer import replay
     from agentspec_sdk.replay.runner import _unique_tools
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
     arm = build_arm(arm_name, episodes, max_tokens=max_tokens, max_segments=segments, trace_path=traces)
     tools = _unique_tools([arm])
-    engine = Engine(speculation="off", formats=[REACT, TOOL_CALLS, CODE_AGENT], enforce_eager=True)
+    prose = bool(arm.episodes) and arm.episodes[0].format == PROSE.name  # arm A
+    formats = [REACT, TOOL_CALLS, CODE_AGENT] + ([PROSE] if prose else [])
+    engine = Engine(speculation="off", formats=formats, enforce_eager=True)
     engine.register_tools(tools)
     turns: list[dict] = []
     grammars: list[str] = []
@@ -73,7 +79,7 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
     engine.submit = recording_submit
     try:
         replay(engine, arm.episodes, tokenizer=load_tokenizer(None), concurrency=8, max_tokens=max_tokens,
-               max_segments=segments)
+               max_segments=segments, max_steps=arm.max_steps, grammar=arm.grammar, fmt=arm.fmt)
     finally:
         engine.close()
     with open(path, "w", encoding="utf-8") as fh:
@@ -433,9 +439,12 @@ def pay_cause(note: dict, a_st: int) -> tuple[str, str]:
 
 
 def explain_rows(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int,
-                 label: str, boundary: str = "price", schedule: str = "agents") -> tuple[list[dict], dict]:
-    """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row."""
-    structure = structure_drafter(gamma, tools, explain=True, boundary=boundary)
+                 label: str, boundary: str = "price", schedule: str = "agents",
+                 delta: float | None = None) -> tuple[list[dict], dict]:
+    """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row
+    (`delta`: the drafter priced as a cost at that delta charges, `priced`; None: at its plan's prior)."""
+    price = priced(delta, batch) if delta is not None else {}
+    structure = structure_drafter(gamma, tools, explain=True, boundary=boundary, **price)
     explainer = Explainer(structure, turns, label)
     row = simulate(turns, (structure, SuffixDrafter(gamma)), batch, trim=GrammarTrim(grammars),
                    choose=explainer, schedule=schedule)
@@ -487,6 +496,17 @@ def explain_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def priced(delta: float, batch: int) -> dict:
+    """The plan fields that price the structure drafter's tokens as the replay's cost charges them:
+    `delta` per drafted token per row of a `batch`-row step, every row alike. The engine's drafter
+    learns its price from the passes it times; a replay has no passes, so it is given the price its
+    cost uses: the one-sequence delta whose `budget.batch_price` at `batch` rows is `delta`."""
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta}")
+    r = delta / (max(int(batch), 1) * (1.0 - delta))
+    return {"delta": r / (1.0 + r), "delta_ctx": 0.0}
+
+
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
                       boundary: str = "price", **plan_fields):
     """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
@@ -497,11 +517,15 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, 
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.plan import DraftPlan
-    from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+    from agentspec_sdk.replay.arms import PROSE
+    from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, format_names
 
     model = resolve_model(None)
+    # arm A's prose format where its turns were loaded (label_turns registers it), as the bench's
+    # engine adds it for arm A
+    formats = [REACT, TOOL_CALLS, CODE_AGENT] + ([PROSE] if PROSE.name in format_names() else [])
     # learn_delta off: the simulated steps have no target pass to time
-    plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model, gamma_max=gamma,
+    plan = DraftPlan(formats=formats, tools=tools, tokenizer=model, gamma_max=gamma,
                      learn_delta=False, suffix_trees=suffix_trees, boundary=boundary, **plan_fields)
     return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)), explain=explain)
 
@@ -520,6 +544,9 @@ def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
 
     tok = AutoTokenizer.from_pretrained(resolve_model(None))
     classifier = TokenClassifier(tok)
+    if any(t.get("fmt") == "prose" for t in turns):  # arm A's turns (`--capture --arm A`)
+        from agentspec_sdk.replay.arms import ensure_prose_format
+        ensure_prose_format()
     for t in turns:
         if "classes" not in t:
             text = tok.decode(t["out"], skip_special_tokens=True)
@@ -697,14 +724,15 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     def trim():  # one GrammarTrim per replay: its matchers advance with the turns
         return GrammarTrim(grammars)
 
-    structure = lambda: structure_drafter(gamma, tools)  # noqa: E731
-    plain = lambda: structure_drafter(gamma, tools, suffix_trees=False)  # noqa: E731
+    price = priced(delta, batch)
+    structure = lambda: structure_drafter(gamma, tools, **price)  # noqa: E731
+    plain = lambda: structure_drafter(gamma, tools, suffix_trees=False, **price)  # noqa: E731
     tokens = sum(len(t["out"]) - 1 for t in turns)
     rows = {"off": {"passes": tokens, "drafted": 0, "accepted": 0}}
     rows["ngram"] = replay(turns, ngram_drafter(gamma), batch, trim=trim())
     rows["suffix"] = replay(turns, SuffixDrafter(gamma), batch, trim=trim())
     rows["structure"] = replay(turns, structure(), batch, trim=trim())
-    rows["structure-wall"] = replay(turns, structure_drafter(gamma, tools, boundary="wall"), batch,
+    rows["structure-wall"] = replay(turns, structure_drafter(gamma, tools, boundary="wall", **price), batch,
                                       trim=trim())
     tuned, knobs = tuned_suffix(turns, gamma, batch, delta, trim, schedule)
     rows["suffix-tuned"] = {**tuned, "knobs": knobs}
@@ -783,7 +811,7 @@ def main() -> None:
             rows, summary = [], []
             for path, data in files:
                 got, row = explain_rows(data["turns"], data["tools"], data.get("grammars", []), g, args.batch,
-                                        set_label(data, path), args.boundary, args.schedule)
+                                        set_label(data, path), args.boundary, args.schedule, args.delta)
                 rows += got
                 summary.append(f"{path}: {len(data['turns'])} turns, structure passes {row['passes']}, "
                                f"drafted {row['drafted']}, accepted {row['accepted']}")

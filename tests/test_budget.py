@@ -179,6 +179,33 @@ def test_a_long_context_row_gets_a_shorter_draft_than_a_short_one_at_equal_confi
     assert sizes[0] == sizes[1] > len(long)
 
 
+def test_a_step_of_short_rows_is_priced_at_the_prior_not_below_it():
+    """Loss cause (arm A, prose rows of 0.3k tokens, 2026-12-05): with the prior held at a fixed
+    1.5k-token reference, eight short rows were priced at 0.03 a draft token, against the 0.16-0.25 the
+    pass cost, and drafted 46% more than suffix for 7% fewer passes (0.84x its decode tok/s). Until
+    delta is learned the prior now holds at the step's own mean context: equal rows pay the prior
+    whatever their length, and a row still pays for its context against the rows beside it."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.drafting.rows import Candidate
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    cand = Candidate(list(range(100, 116)), ["suffix"] * 16, "prose", "F", [0.9] * 16)
+    drafter = StructureDrafter(DraftPlan(learn_delta=False, gamma_max=16), tok)
+    short = [len(d) for d in drafter._size([cand] * 8, [300] * 8)]
+    usual = [len(d) for d in drafter._size([cand] * 8, [1500] * 8)]
+    assert short == usual
+    assert drafter._prices(8, [300] * 8) == pytest.approx([batch_price(DraftPlan().delta, 8)] * 8)
+    fixed = StructureDrafter(DraftPlan(learn_delta=False, gamma_max=16, ctx_ref=1500), tok)
+    assert all(p < q for p, q in zip(fixed._prices(8, [300] * 8), drafter._prices(8, [300] * 8), strict=True))
+    assert [len(d) for d in fixed._size([cand] * 8, [300] * 8)] > short  # the old reference: longer drafts
+    mixed = drafter._prices(8, [300] * 4 + [2700] * 4)
+    assert mixed[0] < batch_price(DraftPlan().delta, 8) < mixed[-1]
+
+
 def test_sent_value_counts_only_what_the_budget_sends():
     from agentspec_sdk.drafting.budget import sent_value
 

@@ -19,6 +19,13 @@ WEATHER = _tool("get_weather", {"city": {"type": "string"},
 TIME = _tool("get_time", {"tz": {"type": "string"}}, ["tz"])
 
 
+def _plan(**fields) -> DraftPlan:
+    """These tests check what is drafted, not how much the price lets through: delta 0 sends every
+    token of the candidate (the default prior, 0.04 a token, sends a forced run of 14 tokens at most
+    until forced text's acceptance is learned)."""
+    return DraftPlan(delta=0.0, **fields)
+
+
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer
@@ -40,14 +47,14 @@ def _draft(drafter, tok, text):
 
 
 def test_call_opening_and_unique_tool_name_are_forced(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER], gamma_max=16), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER], gamma_max=16), tok)
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>"))
     assert draft.startswith('{"name":"get_weather","arguments":{"')
     assert '{"name":"get_weather","arguments":{"city":"'.startswith(draft)
 
 
 def test_shared_name_prefix_is_forced_up_to_the_choice(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME]), tok)
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>"))
     assert '{"name":"get_'.startswith(draft) and draft.startswith('{"name":"')
     # once the prefix is unique the rest of the name and the next key follow
@@ -57,7 +64,7 @@ def test_shared_name_prefix_is_forced_up_to_the_choice(tok):
 
 
 def test_enum_completion_closes_the_call_and_stops_at_the_close_marker(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER]), tok)
     text = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"f'
     draft = tok.decode(_draft(drafter, tok, text))
     assert draft == 'ahrenheit"}}</tool_call>'
@@ -66,20 +73,20 @@ def test_enum_completion_closes_the_call_and_stops_at_the_close_marker(tok):
 
 
 def test_after_a_finished_object_only_the_close_marker_is_drafted(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER]), tok)
     text = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
     assert tok.decode(_draft(drafter, tok, text)) == "</tool_call>"
     assert tok.decode(_draft(drafter, tok, text + "\n")) == "</tool_call>"
 
 
 def test_newline_after_the_open_marker_is_allowed(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER]), tok)
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>\n"))
     assert draft.startswith('{"name":"get_weather"')
 
 
 def test_text_outside_the_grammar_gets_no_forced_draft(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER]), tok)
     draft = _draft(drafter, tok, _prompt(tok) + '<tool_call>{"tool": "x", ')
     assert all(r.source != "forced" for r in drafter.records)
     assert drafter.stats()["errors"] == 0
@@ -87,7 +94,7 @@ def test_text_outside_the_grammar_gets_no_forced_draft(tok):
 
 
 def test_forced_drafts_are_the_canonical_tokenization(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER]), tok)
     text = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"f'
     ids = tok.encode(text)
     draft = drafter.propose([RowInput(np.array(ids))])[0]
@@ -95,7 +102,7 @@ def test_forced_drafts_are_the_canonical_tokenization(tok):
 
 
 def test_matcher_is_fed_incrementally_and_follows_a_changed_row(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER]), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER]), tok)
     full = _prompt(tok) + '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
     ids = tok.encode(full)
     start = len(tok.encode(_prompt(tok) + "<tool_call>"))
@@ -141,13 +148,13 @@ def _registry(tools):
 
 
 def test_lookup_inside_a_call_is_trimmed_to_what_the_grammar_allows(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER], gamma_max=16), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER], gamma_max=16), tok)
     prompt = _prompt(tok, "Weather for San Francisco\nand then Lima")
     draft = tok.decode(_draft(drafter, tok,
                               prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
     assert draft.startswith(" Francisco")
     assert "\n" not in draft  # a raw newline cannot be inside a JSON string
-    unchecked = StructureDrafter(DraftPlan(tools=[], gamma_max=16), tok)
+    unchecked = StructureDrafter(_plan(tools=[], gamma_max=16), tok)
     raw = tok.decode(_draft(unchecked, tok,
                             prompt + '<tool_call>{"name":"get_weather","arguments":{"city":"San'))
     assert "\n" in raw
@@ -161,7 +168,7 @@ def _react_prompt(tok):
 
 
 def test_react_action_name_and_action_input_are_forced(tok):
-    drafter = StructureDrafter(DraftPlan(formats=["react"], tools=[WEATHER, TIME], gamma_max=16), tok)
+    drafter = StructureDrafter(_plan(formats=["react"], tools=[WEATHER, TIME], gamma_max=16), tok)
     head = _react_prompt(tok) + "Thought: I need the weather.\nAction: get_w"
     assert tok.decode(_draft(drafter, tok, head)) == "eather\n"  # stops before "Action Input:"
     text = head + 'eather\nAction Input: {"city":"Oslo","unit":"f'
@@ -182,7 +189,7 @@ CALL = '{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
 
 
 def test_forced_text_chains_into_a_lookup_of_an_earlier_call(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>\n" + '{"name":"get_w'
     tokens = _draft(drafter, tok, head)
     # forced rest of the name, then the rest of the earlier call copied (the budget cuts the tail)
@@ -193,7 +200,7 @@ def test_forced_text_chains_into_a_lookup_of_an_earlier_call(tok):
 
 
 def test_a_repeated_call_is_copied_with_its_newline(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>\n{CALL}</tool_call>\n<tool_call>"
     draft = tok.decode(_draft(drafter, tok, head))
     # (at a short prompt's price the draft runs on to the close marker: row_prices)
@@ -202,19 +209,19 @@ def test_a_repeated_call_is_copied_with_its_newline(tok):
 
 
 def test_a_begun_open_marker_is_completed_and_the_call_drafted(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<"
     draft = tok.decode(_draft(drafter, tok, head))
     assert draft.startswith('tool_call>{"name":"get_weather","arguments":{"city"')
     assert f"tool_call>{CALL}</tool_call>".startswith(draft)
     assert drafter.pending_draft(0).law_class == "S"
     # without a begun marker the draft never crosses into the next segment
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     assert "<tool_call>" not in tok.decode(_draft(drafter, tok, head[:-1]))
 
 
 def test_a_chained_draft_leaves_the_matcher_in_the_real_state(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = (_prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>"
             + '{"name":"get_weather","arguments":{"city":"')
     assert tok.decode(_draft(drafter, tok, head)).startswith('Oslo","unit":"celsius"}}')
@@ -224,7 +231,7 @@ def test_a_chained_draft_leaves_the_matcher_in_the_real_state(tok):
 
 
 def test_chained_drafts_are_the_canonical_tokenization(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     text = (_prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>"
             + '{"name":"get_weather","arguments":{"')
     ids = tok.encode(text)
@@ -233,14 +240,14 @@ def test_chained_drafts_are_the_canonical_tokenization(tok):
 
 
 def test_a_held_angle_bracket_inside_a_call_is_not_a_new_call(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[WEATHER, TIME], gamma_max=32), tok)
+    drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + f"<tool_call>{CALL}<"))
     assert not draft.startswith("tool_call>")
 
 
 def test_a_native_format_forces_its_own_call_syntax(tok):
     """Hermes writes the call object with json.dumps's spacing: the forced draft follows it."""
-    drafter = StructureDrafter(DraftPlan(formats=["hermes"], tools=[WEATHER], gamma_max=16), tok)
+    drafter = StructureDrafter(_plan(formats=["hermes"], tools=[WEATHER], gamma_max=16), tok)
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>\n"))
     assert draft.startswith('{"name": "get_weather", "arguments": {"')
     text = _prompt(tok) + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f'
@@ -257,7 +264,7 @@ def _canonical(tok, drafter, text):
 
 
 def _native(fmt, tools=(WEATHER,)):
-    return StructureDrafter(DraftPlan(formats=[fmt], tools=list(tools), gamma_max=16), _native.tok)
+    return StructureDrafter(_plan(formats=[fmt], tools=list(tools), gamma_max=16), _native.tok)
 
 
 @pytest.fixture

@@ -278,3 +278,17 @@ def test_the_rate_rule_sends_fewer_tail_tokens_on_captured_code_turns(offline):
     assert rate["drafted"] < 0.95 * value["drafted"]
     assert rate["passes"] + delta * rate["drafted"] < 0.97 * (value["passes"] + delta * value["drafted"])
     assert rate["token_rate"] > 1.5  # what it learned: tokens per unit of pass cost on these turns
+
+
+@pytest.mark.parametrize("batch", [1, 2, 8])
+@pytest.mark.parametrize("delta", [0.0, 0.05, 0.2])
+def test_the_replay_prices_the_drafter_as_its_cost_charges(offline, batch, delta):
+    """The structure rows are priced at the cost's delta per row of the replay's batch (the engine's
+    drafter learns its price from the passes; a replay has none): the plan's prior does not move them."""
+    from agentspec_sdk.drafting.budget import batch_price
+
+    fields = offline.priced(delta, batch)
+    assert fields["delta_ctx"] == 0.0
+    assert batch_price(fields["delta"], batch) == pytest.approx(delta)
+    with pytest.raises(ValueError, match="delta"):
+        offline.priced(1.0, batch)

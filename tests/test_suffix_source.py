@@ -151,7 +151,8 @@ def test_boundary_price_switch(tok):
     sent where that pays: at delta 0.02 (price 0.04 per row of 2) they are, at delta 0.3 (0.46) not."""
     wall, wall_pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="wall"))
     assert "<tool_call>" not in tok.decode(wall) and "cross" not in wall_pending.sources
-    cheap, pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="price"))
+    cheap, pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary="price",
+                                                   delta=0.02))
     assert cheap == truth[:len(cheap)] and len(cheap) > len(wall)
     assert "<tool" in tok.decode(cheap) and "cross" in pending.sources
     assert pending.sources[:len(wall)] == ["suffix"] * len(wall)
@@ -168,7 +169,7 @@ def test_extension_past_the_spec_factor_is_priced(tok):
     confidence times the learned acceptance of (R, "extend") (here the prior, 0.45), sent where that
     pays: at delta 0.02 they are, at delta 0.3 not; with no extension factor, never."""
     left = len(tok.encode(" First we book the train to Lyon, then the hotel near the station.")) - 3
-    cheap, pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False), left=left)
+    cheap, pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, delta=0.02), left=left)
     assert pending.sources == ["suffix"] * 3 + ["extend"] * 3 and cheap == truth[:6]
     dear, dear_pending, _ = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, delta=0.3), left=left)
     assert dear == truth[:3] and dear_pending.sources == ["suffix"] * 3

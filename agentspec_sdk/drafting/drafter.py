@@ -328,12 +328,17 @@ class StructureDrafter(CandidateBuilder):
     def _prices(self, rows: int, contexts=None) -> np.ndarray:
         """The price of one draft token per row of a step of `rows` rows, each row by its context
         length (`contexts`; None: every row at the reference context). The reference is the context
-        delta holds at: the learned one's mean drafted context once learned, else the plan's ctx_ref."""
+        delta holds at: the learned one's mean drafted context once learned, else the plan's ctx_ref,
+        else (ctx_ref None) the step's own mean row context."""
         terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
         ref = self.cost.ref_ctx() if self.plan.learn_delta and self.cost.learned else None
-        ref = float(self.plan.ctx_ref if ref is None else ref)
-        ctx = [ref] * rows if contexts is None else contexts
-        return row_prices(self.price, rows, ctx, self.plan.delta_ctx, ref, terms) * self._rate()
+        if ref is None:
+            ref = self.plan.ctx_ref
+        if contexts is None:
+            return row_prices(self.price, rows, [0.0] * rows, 0.0, 0.0, terms) * self._rate()
+        if ref is None:
+            ref = float(np.mean(contexts)) if len(contexts) else 0.0
+        return row_prices(self.price, rows, contexts, self.plan.delta_ctx, float(ref), terms) * self._rate()
 
     # -- reading --------------------------------------------------------------------------------
 

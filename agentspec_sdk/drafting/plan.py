@@ -33,15 +33,23 @@ class DraftPlan:
     # draft tokens per step over all rows; None: no cap (the price sizes drafts)
     step_budget: int | None = None
     kappa: float = 1.0
-    delta: float = 0.02  # verify cost of one extra token / one target pass; the prior when learn_delta
+    # verify cost of one extra token / one target pass, for one sequence; the prior when learn_delta.
+    # 0.04: what the drafter learned in every bench run of 2026-12-04/05 (0.037 on prose rows of 0.3k
+    # tokens, 0.041-0.049 on the agent arms' rows of 1-1.5k); the earlier 0.02 priced a draft token at
+    # b 8 at 0.03 on prose until learned, against the 0.16-0.25 the pass cost (docs/drafting.md)
+    delta: float = 0.04
     learn_delta: bool = True  # learn delta from the proposer's own step times (law.OnlineStepCost)
     d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
     # A drafted token's verify cost grows with its row's context (the pass cost model's verified_ctx):
-    # delta_ctx per 1k tokens of context, in delta's units; delta (prior or learned) holds at ctx_ref
-    # tokens. Default: the bench's pass cost fits here (1.2-1.7 ms per verified token per 1k context
-    # against 111-115 ms per one-row pass; delta 0.02 was measured at about 1.5k tokens per row)
+    # delta_ctx per 1k tokens of context, in delta's units (the bench's pass cost fits here: 1.2-1.7 ms
+    # per verified token per 1k context against 111-115 ms per one-row pass). delta holds at ctx_ref
+    # tokens; once learned, at the mean context of the steps it was learned from. ctx_ref None (the
+    # default): the prior holds at each step's own mean row context, so a row pays for its context
+    # against the rows it shares the pass with. A fixed reference made a step of short rows nearly
+    # free, yet its pass is short too: the learned delta was 0.037 at 0.3k tokens per row and
+    # 0.041-0.049 at 1-1.5k, not 0.016 lower
     delta_ctx: float = 0.013
-    ctx_ref: int = 1500
+    ctx_ref: int | None = None
     prior_acceptance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PRIOR))
     gate: bool = True
     isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
@@ -93,8 +101,9 @@ class DraftPlan:
             raise PlanError(f"plan: gamma_max must be an integer in [0, 64], got {self.gamma_max!r}")
         if self.step_budget is not None and (not isinstance(self.step_budget, int) or self.step_budget < 0):
             raise PlanError(f"plan: step_budget must be None or an integer >= 0, got {self.step_budget!r}")
-        if isinstance(self.ctx_ref, bool) or not isinstance(self.ctx_ref, int) or self.ctx_ref < 0:
-            raise PlanError(f"plan: ctx_ref must be an integer >= 0, got {self.ctx_ref!r}")
+        if self.ctx_ref is not None and (isinstance(self.ctx_ref, bool) or not isinstance(self.ctx_ref, int)
+                                         or self.ctx_ref < 0):
+            raise PlanError(f"plan: ctx_ref must be null or an integer >= 0, got {self.ctx_ref!r}")
         for name in ("kappa", "delta", "d", "delta_ctx"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
