@@ -206,6 +206,26 @@ def test_a_step_of_short_rows_is_priced_at_the_prior_not_below_it():
     assert mixed[0] < batch_price(DraftPlan().delta, 8) < mixed[-1]
 
 
+def test_the_step_reference_counts_every_row_of_the_pass():
+    """The prior holds at the mean context of every row vLLM put in the step, a row being prefilled
+    (no draft) included; the row choice and the sizing charge a row the same price."""
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.drafting.rows import RowInput
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    drafter = StructureDrafter(DraftPlan(learn_delta=False), tok)
+    short = np.array(tok.encode("The weather in Oslo is mild today. " * 60), dtype=np.int64)[:300]
+    prefill = RowInput(np.zeros(2700, dtype=np.int64), draftable=False)
+    drafter.propose([RowInput(short), prefill])
+    assert drafter.step_ctx == 1500.0
+    assert drafter.row_price == pytest.approx(drafter._prices(2, [300, 2700])[0])
+    assert drafter.row_price < batch_price(DraftPlan().delta, 2)  # shorter than the pass's mean row
+
+
 def test_sent_value_counts_only_what_the_budget_sends():
     from agentspec_sdk.drafting.budget import sent_value
 

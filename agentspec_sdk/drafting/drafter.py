@@ -53,6 +53,11 @@ LOGGED_FAILURES = 10  # failures (rows or steps) logged with their traceback; af
 LOG_EVERY = 1000
 
 
+def _context(row: RowInput) -> int:
+    """A row's context as vLLM holds it this step (tokens)."""
+    return row.num_tokens if row.num_tokens is not None else len(row.token_ids)
+
+
 class StructureDrafter(CandidateBuilder):
     """`propose(rows) -> list[list[int]]`: structure-isolated, budget-sized drafts for a batch."""
 
@@ -82,6 +87,9 @@ class StructureDrafter(CandidateBuilder):
         # what was sent; None (the default): nothing recorded
         self.explain: list | None = None
         self.row_price = 0.0  # this step's price of a draft token per row (set by each step)
+        # this step's mean row context (tokens, every row of the pass): where the prior delta holds
+        # while it is not learned and the plan sets no ctx_ref (`_prices`)
+        self.step_ctx: float | None = None
         self._apply_plan(plan)
 
     @classmethod
@@ -180,6 +188,7 @@ class StructureDrafter(CandidateBuilder):
     def _propose(self, rows: Sequence[RowInput], started: float, at: float) -> list[list[int]]:
         self._check_plan()
         errors, self._accepted_now = 0, 0
+        self.step_ctx = float(np.mean([_context(r) for r in rows])) if rows else None
         states = self._match_rows(rows)
         candidates: list[Candidate | None] = [None] * len(rows)
         notes = [{} for _ in rows] if self.explain is not None else None
@@ -219,8 +228,7 @@ class StructureDrafter(CandidateBuilder):
                 st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft,
                                           cand.sources[: len(draft)])
         sizes = [len(d) for d in drafts]  # for the report's cost fit: context and class of the drafted tokens
-        extra = {"ctx": int(sum(r.num_tokens if r.num_tokens is not None
-                                else len(r.token_ids) for r in rows)),
+        extra = {"ctx": int(sum(_context(r) for r in rows)),
                  "drafted_ctx": drafted_ctx,
                  "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True)
                                       if k and c.law_class == "S"))}
@@ -329,13 +337,15 @@ class StructureDrafter(CandidateBuilder):
         """The price of one draft token per row of a step of `rows` rows, each row by its context
         length (`contexts`; None: every row at the reference context). The reference is the context
         delta holds at: the learned one's mean drafted context once learned, else the plan's ctx_ref,
-        else (ctx_ref None) the step's own mean row context."""
+        else (ctx_ref None) the step's mean row context (`step_ctx`; outside a step, `contexts`')."""
         terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
+        if contexts is None:
+            return row_prices(self.price, rows, [0.0] * rows, 0.0, 0.0, terms) * self._rate()
         ref = self.cost.ref_ctx() if self.plan.learn_delta and self.cost.learned else None
         if ref is None:
             ref = self.plan.ctx_ref
-        if contexts is None:
-            return row_prices(self.price, rows, [0.0] * rows, 0.0, 0.0, terms) * self._rate()
+        if ref is None and self.step_ctx is not None:
+            ref = self.step_ctx
         if ref is None:
             ref = float(np.mean(contexts)) if len(contexts) else 0.0
         return row_prices(self.price, rows, contexts, self.plan.delta_ctx, float(ref), terms) * self._rate()
