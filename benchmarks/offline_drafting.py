@@ -501,10 +501,9 @@ def priced(delta: float, batch: int) -> dict:
     `delta` per drafted token per row of a `batch`-row step, every row alike. The engine's drafter
     learns its price from the passes it times; a replay has no passes, so it is given the price its
     cost uses: the one-sequence delta whose `budget.batch_price` at `batch` rows is `delta`."""
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
-    r = delta / (max(int(batch), 1) * (1.0 - delta))
-    return {"delta": r / (1.0 + r), "delta_ctx": 0.0}
+    from agentspec_sdk.drafting.budget import sequence_price
+
+    return {"delta": sequence_price(delta, batch), "delta_ctx": 0.0}
 
 
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,

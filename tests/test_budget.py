@@ -10,6 +10,7 @@ from agentspec_sdk.drafting.budget import (
     fixed,
     predicted_saving,
     row_prices,
+    sequence_price,
 )
 from agentspec_sdk.errors import LawInputError
 from agentspec_sdk.law.closed_forms import saving, tau
@@ -177,6 +178,15 @@ def test_a_long_context_row_gets_a_shorter_draft_than_a_short_one_at_equal_confi
     flat = StructureDrafter(DraftPlan(learn_delta=False, delta_ctx=0.0), tok)  # every row alike
     sizes = [len(d) for d in flat._size([cand, cand], [6000, 1000])]
     assert sizes[0] == sizes[1] > len(long)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("price", [0.0, 0.05, 0.25, 0.9])
+def test_sequence_price_inverts_batch_price(rows, price):
+    assert batch_price(sequence_price(price, rows), rows) == pytest.approx(price)
+    assert sequence_price(batch_price(0.04, rows), rows) == pytest.approx(0.04)
+    with pytest.raises(LawInputError, match=r"per-row price must be in \[0, 1\), got 1.0"):
+        sequence_price(1.0, rows)
 
 
 def test_a_step_of_short_rows_is_priced_at_the_prior_not_below_it():

@@ -192,7 +192,7 @@ def test_forced_text_chains_into_a_lookup_of_an_earlier_call(tok):
     drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>{CALL}</tool_call>\n<tool_call>\n" + '{"name":"get_w'
     tokens = _draft(drafter, tok, head)
-    # forced rest of the name, then the rest of the earlier call copied (the budget cuts the tail)
+    # forced rest of the name, then the rest of the earlier call copied (up to the segment's end)
     assert tok.decode(tokens[:6]) == 'eather","arguments":{"'
     assert 'eather","arguments":{"city":"Oslo","unit":"celsius"}}</tool_call>'.startswith(tok.decode(tokens))
     assert len(tokens) >= 12
@@ -203,7 +203,7 @@ def test_a_repeated_call_is_copied_with_its_newline(tok):
     drafter = StructureDrafter(_plan(tools=[WEATHER, TIME], gamma_max=32), tok)
     head = _prompt(tok) + f"<tool_call>\n{CALL}</tool_call>\n<tool_call>"
     draft = tok.decode(_draft(drafter, tok, head))
-    # (at a short prompt's price the draft runs on to the close marker: row_prices)
+    # (at delta 0 the draft runs on to the close marker; the price cuts it in use: row_prices)
     assert (draft.startswith('\n{"name":"get_weather","arguments":{"city":"Oslo')
             and (CALL + "</tool_call>").startswith(draft[1:]))
 

@@ -286,9 +286,10 @@ def test_the_replay_prices_the_drafter_as_its_cost_charges(offline, batch, delta
     """The structure rows are priced at the cost's delta per row of the replay's batch (the engine's
     drafter learns its price from the passes; a replay has none): the plan's prior does not move them."""
     from agentspec_sdk.drafting.budget import batch_price
+    from agentspec_sdk.errors import LawInputError
 
     fields = offline.priced(delta, batch)
     assert fields["delta_ctx"] == 0.0
     assert batch_price(fields["delta"], batch) == pytest.approx(delta)
-    with pytest.raises(ValueError, match="delta"):
+    with pytest.raises(LawInputError, match="per-row price must be in"):
         offline.priced(1.0, batch)

@@ -42,6 +42,16 @@ def batch_price(price: float, rows: int, terms: tuple[float, float, float] | Non
     return r * b / (1.0 + r * b)
 
 
+def sequence_price(row_price: float, rows: int) -> float:
+    """The inverse of `batch_price` (without pass cost terms): the one-sequence price whose per-row
+    price in a step of `rows` rows is `row_price`. Prices a drafter as a cost per row charges it (the
+    offline replay, which has no passes to learn the price from)."""
+    if not 0.0 <= row_price < 1.0:
+        raise LawInputError(f"a per-row price must be in [0, 1), got {row_price}")
+    r = row_price / (max(int(rows), 1) * (1.0 - row_price))
+    return r / (1.0 + r)
+
+
 def row_prices(price: float, rows: int, contexts, delta_ctx: float, ref_ctx: float,
                terms: tuple[float, float, float] | None = None) -> np.ndarray:
     """The price of one draft token per row of a step, each row priced by its own context length.

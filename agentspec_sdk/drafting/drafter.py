@@ -337,7 +337,8 @@ class StructureDrafter(CandidateBuilder):
         """The price of one draft token per row of a step of `rows` rows, each row by its context
         length (`contexts`; None: every row at the reference context). The reference is the context
         delta holds at: the learned one's mean drafted context once learned, else the plan's ctx_ref,
-        else (ctx_ref None) the step's mean row context (`step_ctx`; outside a step, `contexts`')."""
+        else (ctx_ref None) the mean context of the last step's rows (`step_ctx`; before any step,
+        the mean of `contexts`)."""
         terms = self.cost.terms() if self.plan.learn_delta else None  # the learned pass cost terms
         if contexts is None:
             return row_prices(self.price, rows, [0.0] * rows, 0.0, 0.0, terms) * self._rate()
