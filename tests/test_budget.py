@@ -287,3 +287,20 @@ def test_token_rate_counts_tokens_per_priced_row_share():
     assert rate.value() == pytest.approx(16 / 6)
     with pytest.raises(LawInputError, match="decay"):
         TokenRate(decay=0.0)
+
+
+def test_sent_length_and_value_are_the_prefix_sums_numpy_computes():
+    """The budget's per-candidate sums run in Python floats (numpy's call cost was most of their
+    time); they are the cumulative products numpy gives, and a NaN estimate is not paid for."""
+    from agentspec_sdk.drafting.budget import sent_length, sent_value
+
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        conf = list(rng.uniform(0.0, 1.0, rng.integers(0, 12)))
+        price, gamma = float(rng.uniform(0.0, 0.6)), int(rng.integers(0, 16))
+        values = np.cumprod(np.asarray(conf, dtype=float)[:gamma])
+        paid = values >= price
+        n = int(values.size) if paid.all() else int(np.argmin(paid))
+        assert sent_length(conf, price, gamma) == n
+        assert sent_value(conf, price, gamma) == pytest.approx(float(values[:n].sum()), abs=1e-12)
+    assert sent_length([0.9, float("nan"), 0.9], 0.1, 8) == 1

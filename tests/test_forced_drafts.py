@@ -322,3 +322,54 @@ def test_gemma_tool_code_block_forces_the_call_and_its_fence(tok, native):
     head = _prompt(tok) + '```tool_code\nget_weather(city="Oslo", unit="f'
     assert _canonical(tok, drafter, head) == 'ahrenheit")\n```'
     assert drafter.stats()["errors"] == 0
+
+
+class _CountingTokenizer:
+    """An llguidance tokenizer that counts the bytes `CallMatcher._sync` tokenizes."""
+
+    def __init__(self, ll):
+        self.ll, self.tokenized = ll, 0
+
+    def tokenize_bytes(self, data):
+        self.tokenized += len(data)
+        return self.ll.tokenize_bytes(data)
+
+    def __getattr__(self, name):
+        return getattr(self.ll, name)
+
+
+def test_a_growing_call_is_tokenized_once_not_at_every_step(tok):
+    """The matcher is synced with the call's text every step: only the text after what it consumed
+    is tokenized (the whole call was, each sync: quadratic in the call's length). Forced text is
+    the same as a fresh matcher's at every prefix."""
+    import llguidance.hf
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    grammar = tool_call_grammar([*_registry([WEATHER])])
+    call = '{"name":"get_weather","arguments":{"city":"Oslo and a long name of a city","unit":"celsius"}}'
+    m = CallMatcher(ll, grammar, "</tool_call>")
+    counting = m.ll = _CountingTokenizer(ll)
+    for k in range(1, len(call)):
+        fresh = CallMatcher(ll, grammar, "</tool_call>")
+        assert m.forced_text(call[:k]) == fresh.forced_text(call[:k]), call[:k]
+    assert counting.tokenized == len(call) - 1  # each character of the call once (the whole call
+    # at every step was 4.3k characters here)
+
+
+def test_the_stable_end_probe_agrees_with_tokenizing_the_whole_text(tok):
+    """`canonical_tokens` checks a draft's last token against likely next characters on the last
+    few tokens only; on drafts of calls, code and prose it decides as tokenizing the whole text does."""
+    import llguidance.hf
+
+    from agentspec_sdk.drafting.candidates import FORCED_PROBES, TRIMMED_PROBES
+    from agentspec_sdk.drafting.forced import _stable_end
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    texts = ['{"name":"get_weather","arguments":{"city":"Os', "for f in files:\n    print(f, len(f",
+             "Thought: I need the weather in Oslo first", '{"unit":"celsius"}}</tool_call', "x", "a b"]
+    texts += [t[:k] for t in texts for k in range(1, len(t), 3)]
+    for text in texts:
+        toks = ll.tokenize_str(text)
+        for probes in (FORCED_PROBES, TRIMMED_PROBES, ('\n',)):
+            whole = all(ll.tokenize_str(text + p)[: len(toks)] == toks for p in probes)
+            assert _stable_end(ll, text, toks, probes) == whole, (text, probes)

@@ -16,7 +16,7 @@ from agentspec_sdk.backends.engine_config import (
     stock_speculative_config,
 )
 from agentspec_sdk.backends.model_bundle import resolve_model
-from agentspec_sdk.backends.vllm_grammar import EXACT_MASKS_ENV, patch_guidance
+from agentspec_sdk.backends.vllm_grammar import EXACT_MASKS_ENV, patch_guidance, patch_slices
 from agentspec_sdk.backends.vllm_hybrid import MODE_ENV, check_layout, register
 from agentspec_sdk.drafting.plan import PLAN_ENV
 
@@ -50,6 +50,7 @@ def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int,
     # engine core, through the entry point in vLLM's own processes
     os.environ[EXACT_MASKS_ENV] = "1"
     patch_guidance()
+    patch_slices()
     if cfg.reserved_cpus is not None:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.reserved_cpus)
     spec = speculative_config(cfg, gamma_max)

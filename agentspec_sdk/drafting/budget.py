@@ -120,9 +120,7 @@ class TokenRate:
 def sent_length(confidences, price: float, gamma_max: int) -> int:
     """How many tokens of a draft the budget sends a row without a step cap: the prefix whose
     values v_j = Π_{i≤j} confidence_i are ≥ `price`, at most `gamma_max`."""
-    values = np.cumprod(np.asarray(confidences, dtype=float)[: max(int(gamma_max), 0)])
-    paid = values >= price
-    return int(values.size) if paid.all() else int(np.argmin(paid))
+    return _sent(confidences, price, gamma_max)[0]
 
 
 def sent_value(confidences, price: float, gamma_max: int) -> float:
@@ -130,8 +128,20 @@ def sent_value(confidences, price: float, gamma_max: int) -> float:
     with v_j = Π_{i≤j} confidence_i ≥ `price`, at most `gamma_max` tokens (what `allocate` gives a
     row without a step cap). Comparing candidates by this, not by Σ over the whole candidate, weighs
     them as they will be sent."""
-    values = np.cumprod(np.asarray(confidences, dtype=float)[: max(int(gamma_max), 0)])
-    return float(values[: sent_length(confidences, price, gamma_max)].sum())
+    return _sent(confidences, price, gamma_max)[1]
+
+
+def _sent(confidences, price: float, gamma_max: int) -> tuple[int, float]:
+    """(sent length, sent value); a loop in Python floats: drafts are at most γ tokens, where numpy's
+    per-call cost was most of the time (it ran for every row's candidates, every step)."""
+    value, total, n = 1.0, 0.0, 0
+    for c in confidences[: max(int(gamma_max), 0)]:
+        value *= float(c)
+        if not value >= price:  # as numpy compares: a NaN estimate is not paid for
+            break
+        total += value
+        n += 1
+    return n, total
 
 
 def predicted_saving(alphas: np.ndarray, gammas: np.ndarray, delta: float, d: float) -> np.ndarray:

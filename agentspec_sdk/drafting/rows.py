@@ -114,6 +114,8 @@ class RowState:
         n = self.n
         if not n <= len(ids) <= n + max_growth:
             return False
+        if n and ids[n - 1] != self.tail[-1]:  # most rows tried against another row's state differ here
+            return False
         k = len(self.tail)
         return np.array_equal(ids[n - k:n], self.tail)
 

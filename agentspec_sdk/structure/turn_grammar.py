@@ -34,6 +34,7 @@ from typing import Literal
 from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
 from agentspec_sdk.structure.formats import DEFAULT_SYNTAX, AgentFormat, CallSyntax, get_format
 from agentspec_sdk.structure.grammar_ir import Lit, to_regex
+from agentspec_sdk.structure.marker_free import marker_free_regex
 from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
 
@@ -417,14 +418,15 @@ class _Builder:
         start with one of those (an anchored kind's markers, live at the turn's first character only)."""
         avoid = self._plain(avoid)
         alts = _alts(avoid)
-        if not not_first:
+        first = tuple(sorted(set(not_first)))
+        ll = self._marker_free(avoid, not_first=first) if avoid or first else "/(?s:.+)/"
+        if not first:
             return self._lexeme(
                 ("text", avoid),
                 f"(?:(?!{alts})[\\s\\S])+" if avoid else "[\\s\\S]+",
-                f"/(?s:.+)/ & ~/(?s:.*(?:{alts}).*)/" if avoid else "/(?s:.+)/",
+                ll,
                 self._automaton(avoid, nonempty=True),
             )
-        first = tuple(sorted(set(not_first)))
         heads = _alts(first)
         gbnf = ""
         if self.dialect == "gbnf":
@@ -433,8 +435,7 @@ class _Builder:
         return self._lexeme(
             ("text", avoid, first),
             f"(?!{heads})(?:(?!{alts})[\\s\\S])+" if avoid else f"(?!{heads})[\\s\\S]+",
-            (f"/(?s:.+)/ & ~/(?s:.*(?:{alts}).*)/ & ~/(?:{heads})(?s:.*)/" if avoid
-             else f"/(?s:.+)/ & ~/(?:{heads})(?s:.*)/"),
+            ll,
             gbnf,
         )
 
@@ -448,9 +449,18 @@ class _Builder:
         return self._lexeme(
             ("then", avoid, marker),
             f"(?:(?!{alts})[\\s\\S])*{m}" if avoid else f"[\\s\\S]*?{m}",
-            f"/(?s:.*){m}/ & ~/(?s:.*(?:{alts}).+)/" if avoid else f"/(?s:.*){m}/",
+            self._marker_free(avoid, then=marker) if avoid else f"/(?s:.*){m}/",
             f"{self._automaton(avoid, nonempty=False)} {self.lit(marker)}",
         )
+
+    def _marker_free(self, avoid: tuple[str, ...], *, then: str | None = None,
+                     not_first: tuple[str, ...] = ()) -> str:
+        """llguidance's lexeme of marker-free text: one plain regex from the markers' automaton
+        (`structure.marker_free`), not `&`/`~` (the same language; masks in it cost 5 µs, not 0.29
+        ms, with the token slices vLLM's engine gets from `backends.vllm_grammar`)."""
+        if self.dialect != "llguidance":
+            return ""
+        return "/" + marker_free_regex(avoid, then=then, not_first=not_first) + "/"
 
     def ws_then(self, marker: str) -> str:
         if marker in self.special and self.dialect == "llguidance":
