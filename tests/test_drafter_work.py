@@ -57,8 +57,8 @@ def _work(monkeypatch, tok, context: int) -> dict:
                         or extend(self, ids))
     monkeypatch.setattr(Segmenter, "feed", lambda self, chunk: count("segmented", len(chunk))
                         or feed(self, chunk))
-    monkeypatch.setattr(lookup_mod, "longest_match", lambda q, corpus, end, lo, hi:
-                        count("scanned", max(0, end)) or match(q, corpus, end, lo, hi))
+    monkeypatch.setattr(lookup_mod, "longest_match", lambda q, corpus, end, lo, hi, start=0:
+                        count("scanned", max(0, end - start)) or match(q, corpus, end, lo, hi, start))
     monkeypatch.setattr(lookup_mod.CorpusIndex, "_best", lambda self, recent, *a:
                         count("indexed", len(recent)) or best(self, recent, *a))
     monkeypatch.setattr(HistoryText, "text", property(lambda self: count("joins", 1) or text.fget(self)))

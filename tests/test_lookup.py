@@ -102,3 +102,33 @@ def test_corpus_index_finds_what_the_string_search_finds(monkeypatch):
     corpus = 'x "city": "Paris" y "city": "Rome" z'
     cont, _, k = continuation('{"city": "', [(CorpusIndex(corpus), len(corpus))], min_chars=3)
     assert (cont[:4], k) == ("Rome", 9)  # the most recent occurrence of the longest match
+
+
+def test_text_appended_after_the_index_is_searched_without_a_rebuild(monkeypatch):
+    """A corpus grows a segment at a time: the index stays as built and the text appended since
+    (up to DIRECT characters) is searched as a string; answers are those of `longest_match` over
+    the whole text, and the index is rebuilt only once the appended text outgrows DIRECT."""
+    import random
+
+    from agentspec_sdk.drafting.lookup import CorpusIndex
+
+    monkeypatch.setattr(CorpusIndex, "DIRECT", 16)
+    builds = []
+    build = CorpusIndex._build
+    monkeypatch.setattr(CorpusIndex, "_build", lambda self: builds.append(len(self.text)) or build(self))
+    rng = random.Random(1)
+    for _ in range(1500):
+        alphabet = 'ab c"{é'[: rng.randint(2, 7)]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(40, 140)))
+        index = CorpusIndex(text[:40])
+        at = 40
+        builds.clear()
+        while at < len(text):
+            piece = text[at:at + rng.randint(1, 12)]
+            index.extend(piece)
+            at += len(piece)
+            query = "".join(rng.choice(alphabet) for _ in range(rng.randint(3, 30)))
+            end = rng.randint(1, at + 1)
+            assert index.longest_match(query, end, 3, 64) == longest_match(query, text[:at], end, 3, 64)
+        # one build per DIRECT characters appended, not one per piece
+        assert len(builds) <= 1 + (len(text) - 40) // 16

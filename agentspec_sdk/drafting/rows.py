@@ -101,6 +101,8 @@ class RowState:
                 if span.end > span.start:
                     pieces.setdefault(span.kind, []).append(turn[span.start:span.end] + SEPARATOR)
         self.corpora: dict[str, CorpusIndex] = {k: CorpusIndex("".join(v)) for k, v in pieces.items()}
+        for corpus in (self.prompt_text, *self.corpora.values()):
+            corpus.prepare()
         self.seg = Segmenter(self.fmt)
         self._feed(full[self.turn_char:])
         self.call: CallMatcher | None = None
