@@ -11,7 +11,7 @@ import re
 import pytest
 
 from agentspec_sdk.structure.formats import format_names, get_format
-from agentspec_sdk.structure.marker_free import _cover, marker_free_regex, token_slices
+from agentspec_sdk.structure.marker_free import _cover, marker_free_regex, then_pieces, token_slices
 
 
 def _markers(fmt) -> list[str]:
@@ -65,6 +65,18 @@ def test_react_markers_give_a_small_regex():
     assert len(marker_free_regex(react, then="Action:")) < 2000
 
 
+def test_react_text_before_a_marker_is_pieces_that_each_end_at_a_colon():
+    """ReAct's text then `Action:` is the rule PIECE* FINAL: the same language as the one regex."""
+    react = _markers(get_format("react"))
+    for then in ("Action:", "Final Answer:"):
+        piece, final = then_pieces(react, then)
+        pieces = re.compile(f"(?:{piece})*{final}", re.S)
+        whole = re.compile(marker_free_regex(react, then=then), re.S)
+        for text in _samples(react, seed=7):
+            assert bool(pieces.fullmatch(text)) == bool(whole.fullmatch(text)), text
+    assert then_pieces(_markers(get_format("code_agent")), "```") is None  # markers open with punctuation
+
+
 def test_turn_grammars_for_llguidance_hold_no_intersection_or_complement():
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turn_grammar import turn_grammar
@@ -111,10 +123,14 @@ OLD_LEXEMES = {  # the `&`/`~` lexemes the turn grammars had before (2026-12-05)
               'Thought:|Action:).*)/', ("Action Input:", "Final Answer:", "Observation:", "Thought:",
                                         "Action:"), None),
 }
+OLD_LEXEMES["react_then"] = (
+    'start: T " x"\nT: /(?s:.*)Action:/ & ~/(?s:.*(?:Action Input:|Final Answer:|Observation:|Thought:|'
+    'Action:).+)/', ("Action Input:", "Final Answer:", "Observation:", "Thought:", "Action:"), "Action:")
 TEXTS = {
     "code": "Let me list it.\n```python\nimport os\nprint(os.listdir('.'))  # <code> `x`\n```",
     "tool_calls": "I will call it now <tool_c and then <tool_call>",
     "react": "I need Act: the files first. Final Ans then Observation 3\n",
+    "react_then": "I need Act: the files: first. Final Ans then Action: x",
 }
 
 
@@ -128,8 +144,13 @@ def test_masks_are_the_same_as_the_old_lexemes_with_llguidance_slices(tokenizers
 
     default, sliced = tokenizers
     old, avoid, then = OLD_LEXEMES[name]
-    new = old.split("T: ")[0] + "T: /" + marker_free_regex(avoid, then=then) + "/"
-    matchers = [llguidance.LLMatcher(default, old, log_level=0), llguidance.LLMatcher(sliced, new, log_level=0)]
+    pieces = then_pieces(avoid, then) if then else None
+    if pieces is not None:  # as the turn grammar writes it: a rule of two lexemes
+        new = f'start: t " x"\nt: PIECE* FINAL\nPIECE: /{pieces[0]}/\nFINAL: /{pieces[1]}/'
+    else:
+        new = old.split("T: ")[0] + "T: /" + marker_free_regex(avoid, then=then) + "/"
+    matchers = [llguidance.LLMatcher(default, old, log_level=0),
+                llguidance.LLMatcher(sliced, new, log_level=0)]
     assert not any(m.is_error() for m in matchers)
     masks = [ln.allocate_token_bitmask(1, default.vocab_size) for _ in matchers]
     tokens = default.tokenize_str(TEXTS[name])

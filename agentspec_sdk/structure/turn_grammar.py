@@ -34,7 +34,7 @@ from typing import Literal
 from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
 from agentspec_sdk.structure.formats import DEFAULT_SYNTAX, AgentFormat, CallSyntax, get_format
 from agentspec_sdk.structure.grammar_ir import Lit, to_regex
-from agentspec_sdk.structure.marker_free import marker_free_regex
+from agentspec_sdk.structure.marker_free import marker_free_regex, then_pieces
 from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
 
@@ -446,12 +446,27 @@ class _Builder:
         avoid = self._plain(avoid)
         alts = _alts(avoid)
         m = to_regex(Lit(marker))
+        pieces = then_pieces(avoid, marker) if self.dialect == "llguidance" and avoid else None
+        if pieces is not None:  # ReAct's markers: the text as pieces that each end at a `:`
+            return self._pieces(("then", avoid, marker), *pieces)
         return self._lexeme(
             ("then", avoid, marker),
             f"(?:(?!{alts})[\\s\\S])*{m}" if avoid else f"[\\s\\S]*?{m}",
             self._marker_free(avoid, then=marker) if avoid else f"/(?s:.*){m}/",
             f"{self._automaton(avoid, nonempty=False)} {self.lit(marker)}",
         )
+
+    def _pieces(self, key: tuple, piece: str | None, final: str) -> str:
+        """llguidance: a rule ``PIECE* FINAL`` over two lexemes (`marker_free.then_pieces`)."""
+        name = self._lexemes.get(key)
+        if name is None:
+            body = self._lexeme(key + ("final",), "", f"/{final}/", "")
+            if piece is not None:  # one piece lexeme per marker set, whichever marker ends the text
+                body = f"{self._lexeme(('piece', key[1]), '', f'/{piece}/', '')}* {body}"
+            name = self.name(f"pieces_{len(self._lexemes)}")
+            self.rule(name, body)
+            self._lexemes[key] = name
+        return name
 
     def _marker_free(self, avoid: tuple[str, ...], *, then: str | None = None,
                      not_first: tuple[str, ...] = ()) -> str:
