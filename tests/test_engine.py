@@ -241,6 +241,15 @@ def test_cpu_engine_uses_small_kv_blocks_for_prefix_reuse(engine_structure):
 
 
 @pytest.mark.engine
+def test_the_engine_builds_llguidance_with_the_marker_slices(engine_structure):
+    """Masks in free text come from token slices (structure.marker_free): the engine's start patched
+    vLLM's guidance backend; its tokenizer, where it runs in this process, has them."""
+    from vllm.v1.structured_output.backend_guidance import GuidanceBackend
+
+    assert getattr(GuidanceBackend._build_ll_tokenizer, "_agentspec_token_slices", False)
+
+
+@pytest.mark.engine
 def test_bad_grammar_fails_alone(engine_structure):
     good = TurnRequest(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER],
                        max_tokens=40)

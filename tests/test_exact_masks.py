@@ -101,13 +101,14 @@ def test_the_workaround_refuses_a_class_it_cannot_hook_and_is_inert_unless_asked
     with pytest.raises(BackendError, match="fill_bitmask"):
         vllm_grammar.patch_guidance(NoMask)
     calls = []
-    monkeypatch.setattr(vllm_grammar, "patch_guidance", lambda: calls.append(1))
+    monkeypatch.setattr(vllm_grammar, "patch_guidance", lambda: calls.append("masks"))
+    monkeypatch.setattr(vllm_grammar, "patch_slices", lambda: calls.append("slices"))
     monkeypatch.delenv(vllm_grammar.EXACT_MASKS_ENV, raising=False)
     vllm_grammar.register()
     assert calls == []
     monkeypatch.setenv(vllm_grammar.EXACT_MASKS_ENV, "1")
-    vllm_grammar.register()
-    assert calls == [1]
+    vllm_grammar.register()  # in vLLM's own processes: exact masks and the marker slices
+    assert calls == ["masks", "slices"]
 
 
 def test_structure_on_the_long_context_turn_is_token_identical_to_off(tmp_path):

@@ -13,6 +13,14 @@ import pytest
 from agentspec_sdk.structure.formats import format_names, get_format
 from agentspec_sdk.structure.marker_free import _cover, marker_free_regex, then_pieces, token_slices
 
+# the formats the package ships (other tests register more, e.g. the replay's prose format)
+BUILT_IN = ("code_agent", "gemma_tool_code", "hermes", "llama3_json", "mistral", "pythonic", "react",
+            "tool_calls")
+
+
+def test_the_package_ships_these_formats():
+    assert set(BUILT_IN) <= set(format_names())
+
 
 def _markers(fmt) -> list[str]:
     return sorted({m for kind in fmt.kinds for m in (*kind.open, *kind.close)})
@@ -34,8 +42,8 @@ def _samples(pieces: list[str], seed: int) -> list[str]:
     return out
 
 
-CASES = [(name, None, ()) for name in format_names()] + [
-    (name, then, ()) for name in format_names() for then in _markers(get_format(name))[:3]
+CASES = [(name, None, ()) for name in BUILT_IN] + [
+    (name, then, ()) for name in BUILT_IN for then in _markers(get_format(name))[:3]
 ] + [
     ("tool_calls", None, ("{", "[")),  # an anchored kind's markers: not at the text's start
     (("ab", "bab"), None, ("ab",)),  # self-overlapping markers
@@ -85,13 +93,13 @@ def test_turn_grammars_for_llguidance_hold_no_intersection_or_complement():
         """Search."""
         return query
 
-    for name in format_names():
+    for name in BUILT_IN:
         grammar = turn_grammar(get_format(name), ToolRegistry([search]))
         assert "& ~" not in grammar, name
 
 
 def test_every_registered_marker_holds_a_character_the_plain_slices_leave_out():
-    markers = [m for name in format_names() for m in _markers(get_format(name))]
+    markers = [m for name in BUILT_IN for m in _markers(get_format(name))]
     cut = _cover(markers)
     assert cut == {":", "<", "[", "`", "{"}
     assert all(set(m) & cut for m in markers)
