@@ -31,18 +31,20 @@ _FINAL = "F"
 
 def marker_free_regex(avoid: Sequence[str], *, then: str | None = None,
                       not_first: Sequence[str] = ()) -> str:
+    """Regex (the common syntax of Rust's `regex` and python's `re`, for a Lark ``/…/``) of:
+
+    - `then` None: the non-empty texts in which no marker of `avoid` occurs, that do not begin
+      with a marker of `not_first` (llguidance: ``/(?s:.+)/ & ~/(?s:.*(?:A|B).*)/ & ~/(?:H)(?s:.*)/``);
+    - `then` a marker: the texts (maybe empty) followed by `then`, in which no marker of `avoid`
+      ends before the last character (``/(?s:.*)M/ & ~/(?s:.*(?:A|B).+)/``).
+
+    ValueError where no text is left (a marker of `avoid` inside `then`)."""
     return _marker_free(tuple(sorted({m for m in avoid if m})), then,
                         tuple(sorted({h for h in not_first if h})))
 
 
 @functools.lru_cache(maxsize=256)
 def _marker_free(avoid: tuple[str, ...], then: str | None, heads: tuple[str, ...]) -> str:
-    """Regex (the common syntax of Rust's `regex` and python's `re`, for a Lark ``/…/``) of:
-
-    - `then` None: the non-empty texts in which no marker of `avoid` occurs, that do not begin
-      with a marker of `not_first` (llguidance: ``/(?s:.+)/ & ~/(?s:.*(?:A|B).*)/ & ~/(?:H)(?s:.*)/``);
-    - `then` a marker: the texts (maybe empty) followed by `then`, in which no marker of `avoid`
-      ends before the last character (``/(?s:.*)M/ & ~/(?s:.*(?:A|B).+)/``)."""
     if then is not None and not then:
         raise ValueError("the final marker is empty")
     markers = tuple(sorted(set(avoid) | ({then} if then else set())))
@@ -134,9 +136,9 @@ def _by_last_char(avoid: Sequence[str], then: str | None, last: str) -> str:
     """The language of `marker_free_regex` when every marker ends with `last` and holds it nowhere
     else: a marker can only complete at a `last`, so the text is pieces without `last`, each followed
     by `last` only where it does not end with a marker's word (the marker without `last`); the
-    final marker's word ends the last piece. Linear in the markers' length, where the automaton's
-    state elimination gives ReAct's markers a regex of 5-6 KB that llguidance's slices do not
-    subsume (masks stay at 0.29 ms)."""
+    final marker's word ends the last piece. Linear in the markers' length (the automaton's state
+    elimination gives ReAct's markers 5-6 KB). Without `then` llguidance takes the slices whole in
+    it; with `then` it does not, and the turn grammar uses `then_pieces` instead."""
     other = "[^" + _regex_char(ord(last), True) + "]"
     words = {m[:-1] for m in avoid}
     k = _regex_char(ord(last), False)
