@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from agentspec_sdk.errors import FormatError
 from agentspec_sdk.structure.formats import format_names, get_format
 from agentspec_sdk.structure.marker_free import _cover, marker_free_regex, then_pieces, token_slices
 
@@ -56,7 +57,7 @@ CASES = [(name, None, ()) for name in BUILT_IN] + [
 def test_the_regex_is_the_language_of_the_llguidance_lexeme(markers, then, heads):
     avoid = tuple(_markers(get_format(markers))) if isinstance(markers, str) else markers
     if then is not None and any(a != then and a in then[:-1] for a in avoid):
-        with pytest.raises(ValueError, match="no text avoids"):  # an avoided marker inside the final one
+        with pytest.raises(FormatError, match="no text avoids the markers"):  # one inside the final one
             marker_free_regex(avoid, then=then, not_first=heads)
         return
     pattern = re.compile(marker_free_regex(avoid, then=then, not_first=heads), re.S)

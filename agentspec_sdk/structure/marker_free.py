@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from agentspec_sdk.errors import FormatError
 from agentspec_sdk.structure.grammar_ir import _regex_char
 
 __all__ = ["marker_free_regex", "then_pieces", "token_slices"]
@@ -38,7 +39,7 @@ def marker_free_regex(avoid: Sequence[str], *, then: str | None = None,
     - `then` a marker: the texts (maybe empty) followed by `then`, in which no marker of `avoid`
       ends before the last character (``/(?s:.*)M/ & ~/(?s:.*(?:A|B).+)/``).
 
-    ValueError where no text is left (a marker of `avoid` inside `then`)."""
+    FormatError, naming the markers, where no text is left (a marker of `avoid` inside `then`)."""
     return _marker_free(tuple(sorted({m for m in avoid if m})), then,
                         tuple(sorted({h for h in not_first if h})))
 
@@ -46,7 +47,7 @@ def marker_free_regex(avoid: Sequence[str], *, then: str | None = None,
 @functools.lru_cache(maxsize=256)
 def _marker_free(avoid: tuple[str, ...], then: str | None, heads: tuple[str, ...]) -> str:
     if then is not None and not then:
-        raise ValueError("the final marker is empty")
+        raise FormatError("free text: the marker that ends it is empty")
     markers = tuple(sorted(set(avoid) | ({then} if then else set())))
     # The form decides which token slices llguidance can take whole (`token_slices` leaves out each
     # marker's first punctuation, else its last): after text without those characters the automaton
@@ -94,7 +95,8 @@ def _marker_free(avoid: tuple[str, ...], then: str | None, heads: tuple[str, ...
         _split_restarts(edges, start, {m[0] for m in markers})
     regex = _eliminate(edges, start, set(alphabet))
     if regex is None:
-        raise ValueError(f"no text avoids {avoid!r}" + (f" before {then!r}" if then else ""))
+        raise FormatError(f"free text: no text avoids the markers {list(avoid)!r}"
+                          + (f" before {then!r} (one of them lies inside it)" if then else ""))
     return regex
 
 
@@ -139,19 +141,15 @@ def _by_last_char(avoid: Sequence[str], then: str | None, last: str) -> str:
     final marker's word ends the last piece. Linear in the markers' length (the automaton's state
     elimination gives ReAct's markers 5-6 KB). Without `then` llguidance takes the slices whole in
     it; with `then` it does not, and the turn grammar uses `then_pieces` instead."""
+    if then is not None:  # the pieces, then the final one (`then_pieces`)
+        piece, final = then_pieces(avoid, then)
+        return f"(?:{piece})*{final}" if piece is not None else final
     other = "[^" + _regex_char(ord(last), True) + "]"
     words = {m[:-1] for m in avoid}
-    k = _regex_char(ord(last), False)
-    if "" in words:  # `last` alone is a marker: it never appears before the end
-        piece = None
-    else:
-        piece = _not_ending_with(words, last)
-    pieces = f"(?:{piece}{k})*" if piece is not None else ""
-    if then is not None:
-        return pieces + f"{other}*" + "".join(_regex_char(ord(c), False) for c in then)
-    if piece is None:
+    if "" in words:  # `last` alone is a marker: it never appears
         return f"{other}+"
-    return f"(?:(?:{piece}{k})+{other}*|{other}+)"
+    piece = _not_ending_with(words, last) + _regex_char(ord(last), False)
+    return f"(?:(?:{piece})+{other}*|{other}+)"
 
 
 def _not_ending_with(words: set[str], last: str) -> str:
