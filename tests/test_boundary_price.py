@@ -126,7 +126,8 @@ def test_acceptance_is_learned_per_segment_kind_on_code_turns(offline):
     reasoning copies prose and is rejected. Learned over the class, the code block's lookups made
     the reasoning's 8 tokens long (31 captured turns: 806.0 against 793.9 before turn-end tokens were
     cut, which had hidden it: first-token `<|im_end|>` lookups, grammar-trimmed to nothing, counted as
-    rejections). Keyed by (class, source, kind), the two are priced apart."""
+    rejections). Keyed by (class, source, kind), the two are priced apart (780.1 against 784.8 since
+    the estimates are calibrated per kind as well, `law.OnlineCalibration`)."""
     from agentspec_sdk.law.estimators import OnlineAcceptance
 
     data = json.loads(CODE.read_text())
@@ -145,7 +146,7 @@ def test_acceptance_is_learned_per_segment_kind_on_code_turns(offline):
         pooled, _ = replay()
     finally:
         OnlineAcceptance.alpha = alpha
-    assert _cost(keyed) < _cost(pooled) - 5
+    assert _cost(keyed) < _cost(pooled) - 3
 
 
 def test_short_matches_in_code_are_not_continued(offline):
@@ -178,8 +179,10 @@ def test_the_row_choice_is_learned_from_which_source_went_further(offline):
     learned acceptance is learned only on the rows it wins, the ones where the tree was weak (0.73
     at b 1 against 0.95 at b 8 on the same turns). The choice now learns a bias per (kind, source)
     from which of the two the target's tokens show went further. On the 31 captured HumanEval turns
-    at b 1 (agents schedule): 747.1 → 731.7 at γ 16, 816.1 → 805.8 at γ 8; the bias favours the
-    lookups in code and in the reasoning."""
+    at b 1 (agents schedule): 747.1 → 731.7 at γ 16, 816.1 → 805.8 at γ 8; the bias favoured the
+    lookups in code and in the reasoning. With the estimates calibrated per depth
+    (`law.OnlineCalibration`, which prices a lookup's weak first token) 818.5 → 802.7 at γ 8: the bias
+    still favours the reasoning's lookups, the code block's are near even."""
     data = json.loads(CODE.read_text())
 
     def replay(**fields):
@@ -191,5 +194,5 @@ def test_the_row_choice_is_learned_from_which_source_went_further(offline):
     learned, bias = replay()
     fixed, none = replay(learn_choice=False)
     assert none == {}
-    assert bias[("code", "lookup")] > 0 and bias[("reasoning", "lookup")] > 0
+    assert ("code", "lookup") in bias and bias[("reasoning", "lookup")] > 0
     assert _cost(learned) < _cost(fixed) - 6 and learned["passes"] < fixed["passes"]

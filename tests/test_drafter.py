@@ -227,6 +227,36 @@ def test_each_source_of_a_chained_draft_learns_from_its_own_tokens(tok):
     assert acc.alpha("S", "repeat") == repeat or acc.alpha("S", "repeat") == acc.alpha("S")
 
 
+def test_draft_estimates_are_calibrated_by_what_the_target_accepted(tok):
+    """A resolved draft's estimates reach the calibration per source run, with each token's depth in
+    its run; the candidate's estimates then count times the factor of their source and depth, and as
+    they are with plan `calibrate` false."""
+    from agentspec_sdk.drafting.records import DraftRound
+    from agentspec_sdk.drafting.rows import Candidate
+
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok)
+    cal = drafter.accounting.calibration
+    sources = ["forced"] + ["suffix"] * 4
+    for _ in range(40):  # the forced token accepted, then the tree's second token (0.9) rejected
+        drafter.accounting.add(DraftRound(0, 0, "prose", "F", "forced", 5, 2), sources,
+                               [0.8, 1.0, 0.9, 1.0, 1.0])
+    assert cal.factor("F", "prose", "suffix", 1) < 0.3  # estimated 0.9, never accepted
+    assert cal.factor("F", "prose", "suffix", 0) == pytest.approx(1.0, abs=0.01)  # 1.0, always accepted
+    assert cal.factor("F", "prose", "suffix", 2) == 1.0  # never judged
+    assert cal.factor("F", "prose", "forced", 0) == 1.0  # not a calibrated source
+    f1 = cal.factor("F", "prose", "suffix", 1)
+    tree = Candidate([5, 6, 7], ["suffix", "suffix", "extend"], "prose", "F", [0.9, 0.9, 0.5])
+    assert drafter._confidences(tree) == pytest.approx([0.9 * cal.factor("F", "prose", "suffix", 0),
+                                                        0.9 * f1, 0.5])
+    # depth counts within a source's run: a suffix token after a forced one is at depth 0
+    chained = Candidate([5, 6], ["forced", "suffix"], "prose", "F", [1.0, 0.9])
+    assert drafter._confidences(chained)[1] == pytest.approx(0.9 * cal.factor("F", "prose", "suffix", 0))
+    off = StructureDrafter(DraftPlan(tools=[], calibrate=False), tok)
+    off.accounting.calibration = cal
+    assert off._confidences(tree) == [0.9, 0.9, 0.5]
+    assert "F/prose/suffix/1" in drafter.stats()["calibration"]
+
+
 def test_a_chained_draft_labels_each_token_with_its_source(tok):
     drafter = StructureDrafter(DraftPlan(tools=TOOLS), tok)
     prompt = _prompt(tok, 'Use {"city":"Reykjavik"} for the weather.')
@@ -324,6 +354,8 @@ def test_plan_round_trips_and_rejects_bad_fields(tmp_path):
         DraftPlan(prior_acceptance={"S": 1.5})
     with pytest.raises(PlanError, match="budget_rule must be 'rate' or 'value', got 'ratio'"):
         DraftPlan(budget_rule="ratio")
+    with pytest.raises(PlanError, match="calibrate must be true or false, got 'no'"):
+        DraftPlan(calibrate="no")
     with pytest.raises(PlanError, match="not valid JSON"):
         (tmp_path / "bad.json").write_text("{")
         DraftPlan.load(tmp_path / "bad.json")
@@ -426,13 +458,14 @@ def test_an_unsupported_tool_schema_disables_forcing_only(tok):
 
 
 def test_every_bench_ablation_is_a_valid_plan():
-    """The bench modes structure-no-budget, -no-isolation and -rate-rule reach the drafter as plan
-    fields (`engine_config.ABLATION_PLAN`, what `Engine` builds its plan with)."""
+    """The bench modes structure-no-budget, -no-isolation, -rate-rule and -uncalibrated reach the
+    drafter as plan fields (`engine_config.ABLATION_PLAN`, what `Engine` builds its plan with)."""
     from agentspec_sdk.backends.engine_config import ABLATION_PLAN, ABLATIONS
     from agentspec_sdk.replay.arms import MODES
 
     assert set(ABLATION_PLAN) == set(ABLATIONS)
-    for mode in ("structure-no-budget", "structure-no-isolation", "structure-rate-rule"):
+    for mode in ("structure-no-budget", "structure-no-isolation", "structure-rate-rule",
+                 "structure-uncalibrated"):
         fields = ABLATION_PLAN[MODES[mode]["ablation"]]
         plan = DraftPlan(tools=TOOLS, **fields)
         assert fields and all(getattr(plan, k) == v for k, v in fields.items())

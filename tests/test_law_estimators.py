@@ -9,6 +9,7 @@ import pytest
 from agentspec_sdk.errors import LawInputError
 from agentspec_sdk.law import (
     OnlineAcceptance,
+    OnlineCalibration,
     RoundRecord,
     acceptance_by_class,
     entropy_from_logprobs,
@@ -184,6 +185,37 @@ def test_online_acceptance_prior_then_data_then_forgetting():
         online.update("S", "model", 2, 3)
     with pytest.raises(LawInputError, match="decay"):
         OnlineAcceptance(decay=0.0)
+
+
+def test_online_calibration_learns_per_depth_how_far_estimates_hold():
+    """Tree estimates of 1.0 borne out 0.7 of the time at a run's second token and always from its
+    fifth on: the factors learn each depth apart, per source; a kind without data takes its class's;
+    bad input names the key."""
+    cal = OnlineCalibration(prior_strength=8.0, decay=0.995)
+    assert cal.factor("F", "prose", "suffix", 1) == 1.0  # no data: the estimates as given
+    rng = np.random.default_rng(3)
+    for _ in range(1500):
+        # a run of 8 tokens: the first estimated 0.5 and accepted half the time, the second "certain"
+        # but accepted 0.7, the rest certain and accepted
+        ok = [rng.random() < 0.5, rng.random() < 0.7] + [True] * 6
+        cal.update("F", "prose", "suffix", [0.5] + [1.0] * 7, int(np.cumprod(ok).sum()))
+    assert cal.factor("F", "prose", "suffix", 0) == pytest.approx(1.0, abs=0.1)
+    assert cal.factor("F", "prose", "suffix", 1) == pytest.approx(0.7, abs=0.08)
+    assert cal.factor("F", "prose", "suffix", 2) == pytest.approx(1.0, abs=0.02)
+    # one bucket from the fifth token on
+    assert cal.factor("F", "prose", "suffix", 9) == cal.factor("F", "prose", "suffix", 4)
+    assert cal.factor("F", "other", "suffix", 1) == cal.factor("F", None, "suffix", 1)  # the class's
+    assert cal.factor("F", "prose", "lookup", 1) == 1.0  # another source learns apart
+    assert cal.factor("R", "thought", "suffix", 1) == 1.0
+    by_depth = tuple(cal.factor("F", "prose", "suffix", j) for j in (0, 1, 2, 4))
+    assert cal.factors("F", "prose", "suffix") == by_depth
+    assert "F/prose/suffix/1" in cal.snapshot()
+    with pytest.raises(LawInputError, match="accepted=3 outside .* F/prose/lookup"):
+        cal.update("F", "prose", "lookup", [0.5, 0.5], 3)
+    with pytest.raises(LawInputError, match="F/prose/suffix must be in"):
+        cal.update("F", "prose", "suffix", [1.5], 0)
+    with pytest.raises(LawInputError, match="decay"):
+        OnlineCalibration(decay=0.0)
 
 
 def _step_times(cost, a, b, c, n, seed=0, rows=(1, 4, 8), idle_every=40):

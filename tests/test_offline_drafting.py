@@ -260,7 +260,8 @@ def test_the_rate_rule_sends_fewer_tail_tokens_on_captured_code_turns(offline):
     """The budget's "rate" rule (drafting.budget.TokenRate) on the 31 captured HumanEval turns, γ 16,
     b 8, the drafter priced at δ 0.2 per row of the pass as the cost counts it: it withholds the
     tail tokens the "value" rule sends (worth their price at one token per pass, not at the run's
-    tokens per pass) and costs less at that δ (offline: 1221 against 1275, docs/drafting.md)."""
+    tokens per pass) and costs less at that δ (offline: 1215 against 1237; 1221 against 1275 before
+    the estimates were calibrated, which withholds part of that tail under "value" too)."""
     import json
 
     data = json.loads((DATA.parent / "code_turns.json").read_text())
@@ -276,7 +277,7 @@ def test_the_rate_rule_sends_fewer_tail_tokens_on_captured_code_turns(offline):
         rows[rule]["token_rate"] = drafter.drafter.rate.value()
     value, rate = rows["value"], rows["rate"]
     assert rate["drafted"] < 0.95 * value["drafted"]
-    assert rate["passes"] + delta * rate["drafted"] < 0.97 * (value["passes"] + delta * value["drafted"])
+    assert rate["passes"] + delta * rate["drafted"] < 0.99 * (value["passes"] + delta * value["drafted"])
     assert rate["token_rate"] > 1.5  # what it learned: tokens per unit of pass cost on these turns
 
 

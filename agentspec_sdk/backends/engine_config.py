@@ -25,10 +25,11 @@ SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model", "draft_mode
 # (drafting.hybrid.MODEL_MODES): the model's drafts untouched (recorded per class), cut at the segment
 # end, or cut and weighed per row against the structure drafter's
 MODEL_DRAFTERS = {"draft_model": "observe", "draft_model+cut": "cut", "structure+draft_model": "hybrid"}
-ABLATIONS = (None, "no_budget", "no_isolation", "rate_rule")
-# the draft plan's fields each ablation sets (bench modes structure-no-budget, -no-isolation, -rate-rule)
+ABLATIONS = (None, "no_budget", "no_isolation", "rate_rule", "uncalibrated")
+# the draft plan's fields each ablation sets (bench modes structure-no-budget, -no-isolation,
+# -rate-rule, -uncalibrated)
 ABLATION_PLAN = {None: {}, "no_budget": {"budget": False}, "no_isolation": {"isolation": False},
-                 "rate_rule": {"budget_rule": "rate"}}
+                 "rate_rule": {"budget_rule": "rate"}, "uncalibrated": {"calibrate": False}}
 STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
 PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"  # vLLM's custom_class speculator
 

@@ -19,6 +19,7 @@ from agentspec_sdk.drafting.forced import (
     name_grammar,
 )
 from agentspec_sdk.drafting.lookup import continuation
+from agentspec_sdk.drafting.records import CALIBRATED_SOURCES
 from agentspec_sdk.drafting.rows import Candidate, RowState
 from agentspec_sdk.drafting.text import TokenBytes
 from agentspec_sdk.structure.formats import LawClass
@@ -26,6 +27,7 @@ from agentspec_sdk.structure.segmenter import Segmenter
 
 ANCHOR_TOKENS = 4  # emitted tokens re-tokenized together with a draft (BPE context)
 MAX_MATCH_CHARS = 64
+_DEPTH_BUCKET = (0, 1, 2, 2)  # law.OnlineCalibration.depth below 4
 # What usually follows forced JSON text (a value's first letter or digit): a last forced token that
 # survives these stays in the draft.
 FORCED_PROBES = ("a", "0")
@@ -102,7 +104,7 @@ class CandidateBuilder:
             return own
         cross = self.accounting.acceptance.alpha(own.law_class, "cross", own.kind)
         return Candidate(own.tokens + raw[n:], own.sources + ["cross"] * (len(raw) - n), own.kind,
-                         own.law_class, self._confidences(own) + [c * cross for c in conf[n:]])
+                         own.law_class, self._estimates(own) + [c * cross for c in conf[n:]])
 
     def _suffix_candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """SuffixDecoding's draft for this row, cut where the current segment ends (boundary "wall")
@@ -142,6 +144,29 @@ class CandidateBuilder:
         return float(np.cumprod(self._confidences(cand)).sum())
 
     def _confidences(self, cand: Candidate) -> list[float]:
+        """Per token, its acceptance given the ones before: `_estimates`, those of `CALIBRATED_SOURCES`
+        times the factor learned for their class, kind, source and depth in their source's run
+        (`law.OnlineCalibration`; plan `calibrate`)."""
+        raw = self._estimates(cand)
+        if not self.plan.calibrate:
+            return raw
+        cal, out, factors = self.accounting.calibration, [], {}
+        prev, depth = None, 0
+        for c, src in zip(raw, cand.sources, strict=True):
+            depth = depth + 1 if src == prev else 0
+            prev = src
+            if src not in CALIBRATED_SOURCES:
+                out.append(c)
+                continue
+            f = factors.get(src)
+            if f is None:
+                f = factors[src] = cal.factors(cand.law_class, cand.kind, src)
+            out.append(min(c * f[_DEPTH_BUCKET[depth] if depth < 4 else 3], 1.0))
+        return out
+
+    def _estimates(self, cand: Candidate) -> list[float]:
+        """Per token, the estimate its source gives: a tree's own, or the acceptance learned per
+        (class, source, kind)."""
         if cand.confidences is not None:
             return cand.confidences
         acc, cache = self.accounting.acceptance, {}

@@ -225,8 +225,9 @@ class StructureDrafter(CandidateBuilder):
         for i, draft in enumerate(drafts):
             st, cand = states[i], candidates[i]
             if st is not None and draft and cand is not None:
+                conf = self._estimates(cand)[: len(draft)]
                 st.pending = PendingDraft(st.n, st.hash.value, cand.kind, cand.law_class, cand.source, draft,
-                                          cand.sources[: len(draft)])
+                                          cand.sources[: len(draft)], conf)
         sizes = [len(d) for d in drafts]  # for the report's cost fit: context and class of the drafted tokens
         extra = {"ctx": int(sum(_context(r) for r in rows)),
                  "drafted_ctx": drafted_ctx,
@@ -280,7 +281,7 @@ class StructureDrafter(CandidateBuilder):
         # verified in the step that just ran only when the draft began where that step's tokens begin
         verified = sampled - 1 if sampled and len(ids) - sampled == pending.position else None
         rnd = resolve(pending, ids[pending.position:].tolist(), verified)
-        self.accounting.add(rnd, pending.sources)
+        self.accounting.add(rnd, pending.sources, pending.confidences)
         self._accepted_now += rnd.accepted
         if st.contest is not None:
             self._judge_choice(st.contest, rnd.accepted, ids[pending.position:].tolist())

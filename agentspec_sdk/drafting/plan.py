@@ -86,6 +86,10 @@ class DraftPlan:
     # between own and the tree, from which of the two the target's tokens show went further
     # (drafter._judge_choice); False: the worths compared as they are
     learn_choice: bool = True
+    # the estimates a draft is sized by (the trees' confidences, the lookups' learned acceptance) times
+    # a factor learned per (class, segment kind, source, depth) from what the target accepted
+    # (law.OnlineCalibration); False: the estimates as they are
+    calibrate: bool = True
     version: int = 0
 
     def __post_init__(self) -> None:
@@ -108,6 +112,10 @@ class DraftPlan:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise PlanError(f"plan: {name} must be a number >= 0, got {value!r}")
+        for name in ("learn_delta", "gate", "isolation", "budget", "suffix_trees", "learn_choice",
+                     "calibrate"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"plan: {name} must be true or false, got {getattr(self, name)!r}")
         for cls, alpha in self.prior_acceptance.items():
             if not isinstance(alpha, int | float) or not 0.0 <= alpha <= 1.0:
                 raise PlanError(f"plan: prior_acceptance[{cls!r}] must be in [0, 1], got {alpha!r}")

@@ -29,11 +29,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentspec_sdk.law.estimators import OnlineAcceptance
+from agentspec_sdk.law.estimators import OnlineAcceptance, OnlineCalibration
 
 log = logging.getLogger("agentspec.drafting")
 
 DEFAULT_RECORDS_MAX_BYTES = 64 << 20
+# sources whose estimates are calibrated online by what the target accepted (`OnlineCalibration`):
+# the suffix trees' own, and the lookups' learned acceptance
+CALIBRATED_SOURCES = frozenset({"suffix", "lookup"})
 
 
 def rotated_path(path: str | os.PathLike) -> Path:
@@ -83,6 +86,8 @@ class PendingDraft:
     source: str  # the first token's
     tokens: list[int]
     sources: list[str] | None = None  # per token (a draft chains forced text, lookups, repeats)
+    # per token, its source's estimate before calibration (`CandidateBuilder._estimates`)
+    confidences: list[float] | None = None
 
 
 def agreement(draft, tokens) -> int:
@@ -110,8 +115,10 @@ class Accounting:
     """Online acceptance per (law class, source), the round log and the step log."""
 
     def __init__(self, acceptance: OnlineAcceptance, records_path: str | os.PathLike | None = None,
-                 keep: int = 1_000_000, records_max_bytes: int | None = None):
+                 keep: int = 1_000_000, records_max_bytes: int | None = None,
+                 calibration: OnlineCalibration | None = None):
         self.acceptance = acceptance
+        self.calibration = calibration if calibration is not None else OnlineCalibration()
         self.records: list[DraftRound] = []  # the first `keep` rounds, for in-process inspection
         self.records_path = Path(records_path) if records_path else None
         self.records_max_bytes = records_max_bytes  # None: DEFAULT_RECORDS_MAX_BYTES
@@ -130,16 +137,22 @@ class Accounting:
         self.rebuilds = 0
         self.dropped = 0  # drafts whose row left the batch before they could be resolved
 
-    def add(self, rnd: DraftRound, sources: list[str] | None = None) -> None:
+    def add(self, rnd: DraftRound, sources: list[str] | None = None,
+            confidences: list[float] | None = None) -> None:
         """`sources`: per drafted token. The acceptance of each source is learned from its own run of
         tokens: the tokens before the first rejection were accepted, the rejected token counts against
-        its source, and runs after it tell nothing (the target never judged them)."""
+        its source, and runs after it tell nothing (the target never judged them). `confidences`: per
+        drafted token, its source's estimate before calibration; those of `CALIBRATED_SOURCES` are
+        calibrated by it."""
         if sources and len(sources) == rnd.drafted:
+            calibrate = confidences is not None and len(confidences) == rnd.drafted
             for source, start, end in _runs(sources):
                 if start > rnd.accepted:
                     break
-                self.acceptance.update(rnd.law_class, source, end - start, min(end, rnd.accepted) - start,
-                                       rnd.kind)
+                accepted = min(end, rnd.accepted) - start
+                self.acceptance.update(rnd.law_class, source, end - start, accepted, rnd.kind)
+                if calibrate and source in CALIBRATED_SOURCES:
+                    self.calibration.update(rnd.law_class, rnd.kind, source, confidences[start:end], accepted)
         else:
             self.acceptance.update(rnd.law_class, rnd.source, rnd.drafted, rnd.accepted, rnd.kind)
         tot = self._totals[(rnd.law_class, rnd.source)]
@@ -223,6 +236,7 @@ class Accounting:
             "by_source": by_source,
             "withheld": self.withheld,
             "gated": self.gated,
+            "calibration": self.calibration.snapshot(),
         }
 
     def reset(self) -> None:

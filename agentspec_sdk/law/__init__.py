@@ -57,6 +57,7 @@ from agentspec_sdk.law.estimators import (
     ClassAcceptance,
     KappaFit,
     OnlineAcceptance,
+    OnlineCalibration,
     RoundRecord,
     acceptance_by_class,
     entropy_from_logprobs,
@@ -82,7 +83,8 @@ from agentspec_sdk.law.verdicts import (
 __all__ = [
     "CLASSES", "DEFAULT_GAMMA_MAX", "ArmSaving", "Breakeven", "ClassAcceptance", "ClassMix",
     "CompositionCheck", "CostFit", "GammaChoice", "KappaFit", "LawParams", "LawReport", "Limit",
-    "Marginal", "OnlineAcceptance", "OnlineStepCost", "RoundRecord", "Verdict", "acceptance_by_class",
+    "Marginal", "OnlineAcceptance", "OnlineCalibration", "OnlineStepCost", "RoundRecord", "Verdict",
+    "acceptance_by_class",
     "best_gamma",
     "breakeven_w_s", "composition_cost", "cost_ratio", "dtau_deps", "entropy_floor",
     "entropy_from_logprobs", "eps_bar", "eps_star", "eps_star_exact", "evaluate", "fit_costs",

@@ -44,6 +44,8 @@ MODES = {
     # (drafting.budget.TokenRate); not the default: it loses ReAct offline and in the engine
     # (docs/drafting.md)
     "structure-rate-rule": {"speculation": "structure", "ablation": "rate_rule"},
+    # the drafter's estimates as the trees and the learned acceptance give them (plan calibrate false)
+    "structure-uncalibrated": {"speculation": "structure", "ablation": "uncalibrated"},
     # vLLM's draft_model method with the layer-truncated draft (`agentspec draft make`, made on first
     # use): alone, cut at segment ends (the ablation of mechanism 1), and the full hybrid
     "draft_model": {"speculation": "draft_model"},
