@@ -253,7 +253,8 @@ def test_draft_estimates_are_calibrated_by_what_the_target_accepted(tok):
     assert drafter._confidences(chained)[1] == pytest.approx(0.9 * cal.factor("F", "prose", "suffix", 0))
     off = StructureDrafter(DraftPlan(tools=[], calibrate=False), tok)
     off.accounting.calibration = cal
-    assert off._confidences(tree) == [0.9, 0.9, 0.5]
+    fresh = Candidate([5, 6, 7], ["suffix", "suffix", "extend"], "prose", "F", [0.9, 0.9, 0.5])
+    assert off._confidences(fresh) == [0.9, 0.9, 0.5]
     assert "F/prose/suffix/1" in drafter.stats()["calibration"]
 
 

@@ -147,6 +147,8 @@ class CandidateBuilder:
         """Per token, its acceptance given the ones before: `_estimates`, those of `CALIBRATED_SOURCES`
         times the factor learned for their class, kind, source and depth in their source's run
         (`law.OnlineCalibration`; plan `calibrate`)."""
+        if cand.priced is not None:  # a row's candidates are weighed and sized several times a step
+            return cand.priced
         raw = self._estimates(cand)
         if not self.plan.calibrate:
             return raw
@@ -162,6 +164,7 @@ class CandidateBuilder:
             if f is None:
                 f = factors[src] = cal.factors(cand.law_class, cand.kind, src)
             out.append(min(c * f[_DEPTH_BUCKET[depth] if depth < 4 else 3], 1.0))
+        cand.priced = out
         return out
 
     def _estimates(self, cand: Candidate) -> list[float]:

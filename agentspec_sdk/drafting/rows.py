@@ -50,6 +50,8 @@ class Candidate:
     kind: str
     law_class: str
     confidences: list[float] | None = None  # per token, given the ones before (suffix trees); None: learned
+    # what the budget sizes it by (`CandidateBuilder._confidences`), kept for the step it is built in
+    priced: list[float] | None = None
 
     @property
     def source(self) -> str:
