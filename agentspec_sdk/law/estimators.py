@@ -331,8 +331,8 @@ class OnlineCalibration:
     """How far the estimate a draft token is sized by is borne out, per (class, segment kind, source,
     depth in the source's run of tokens): factor = Σ accepted / Σ estimated over the tokens the target
     judged (each token's estimate given the ones before it, counted only where those were accepted),
-    decayed by `decay` at every update of a key, shrunk to 1 by `prior_strength` tokens of perfect
-    calibration. An estimate c then counts as min(c · factor, 1).
+    decayed by `decay` at every token counted in a key (a memory of about 100 tokens at 0.99), shrunk
+    to 1 by `prior_strength` tokens of perfect calibration. An estimate c then counts as min(c · factor, 1).
 
     Both estimates in use miss by depth. The suffix trees' are counts: a continuation seen once is
     "certain"; such a token right after the draft's first was accepted 0.74 of the time on prose, 0.89
