@@ -200,6 +200,12 @@ def test_acceptance_per_class_and_agreement_with_vllm(engine_structure, structur
     assert others, "no drafts outside tool calls: nothing to contrast S with"
     assert all(rate_s > r for r in others.values()), (rate_s, others)
     assert stats["proposer"]["errors"] == 0
+    # the drafter inside vLLM calibrated its trees' and lookups' estimates from the resolved drafts
+    proposer = engine_structure.proposer()
+    assert proposer is not None, "test needs the in-process engine core"
+    calibration = proposer.drafter.stats()["calibration"]
+    assert {key.split("/")[2] for key in calibration} & {"suffix", "lookup"}, calibration
+    assert all(0.0 < f <= 1.5 for f in calibration.values()), calibration
 
 
 @pytest.mark.engine
