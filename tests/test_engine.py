@@ -205,7 +205,6 @@ def test_acceptance_per_class_and_agreement_with_vllm(engine_structure, structur
     assert proposer is not None, "test needs the in-process engine core"
     calibration = proposer.drafter.stats()["calibration"]
     assert {key.split("/")[2] for key in calibration} & {"suffix", "lookup"}, calibration
-    assert all(0.0 < f <= 1.5 for f in calibration.values()), calibration
 
 
 @pytest.mark.engine
