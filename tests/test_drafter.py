@@ -7,6 +7,7 @@ import pytest
 
 from agentspec_sdk.drafting import drafter as drafter_mod
 from agentspec_sdk.drafting import rows as rows_mod
+from agentspec_sdk.drafting import text as text_mod
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
 from agentspec_sdk.drafting.plan import DraftPlan
@@ -99,6 +100,16 @@ def test_history_text_whole_token_texts_match_the_incremental_decoder(tok):
         stepwise.extend([t])
     assert bulk.text == stepwise.text == text
     assert bulk.char_end == stepwise.char_end == ends
+    # a long run of whole-character tokens goes through numpy (`WHOLE_RUN`), then the mixed rest
+    plain = "Station 12: city Town84, reading 59 degrees, wind calm.\n" * 12
+    head = tok.encode(plain)
+    assert len(head) > text_mod.WHOLE_RUN and all(table.texts[t] is not None for t in head)
+    fast, slow = HistoryText(table), HistoryText(table)
+    assert fast.extend(head) + fast.extend(ids) == plain + text
+    for t in head + ids:
+        slow.extend([t])
+    assert fast.text == slow.text and fast.char_end == slow.char_end
+    assert HistoryText(table).extend(head + ids) == plain + text  # a long run with a split character
 
 
 # -- rows that change between steps ------------------------------------------------------------

@@ -103,3 +103,61 @@ def test_per_step_work_does_not_grow_with_the_context(monkeypatch, tok):
     for key in ("scanned", "indexed"):
         assert large[key] <= 1.2 * small[key] + 50, (key, work)
     assert work[3000]["scanned"] <= 1.2 * small["scanned"] + 50
+
+
+def _free_text_row(tok):
+    """A row in the middle of the model's prose whose text repeats the user's message: a lookup
+    continues it."""
+    msgs = [{"role": "system", "content": "Answer in plain words."},
+            {"role": "user", "content": "Summarise: the northern ridge trail closes at dusk every day."}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return np.array(tok.encode(prompt + "In short, the northern ridge trail closes"))
+
+
+@pytest.mark.parametrize("budget", [True, False])
+def test_a_lookup_whose_first_token_is_not_worth_its_price_is_not_tokenized(tok, monkeypatch, budget):
+    """Under the budget a draft whose first token's estimate is below the row's price is sent empty,
+    so a lookup found where it would begin the draft is not tokenized; priced lower, it is, and
+    drafts the user's words. Without the budget it is tokenized whatever its price."""
+    from agentspec_sdk.drafting import candidates
+
+    tokenized = []
+    real = candidates.canonical_tokens
+    monkeypatch.setattr(candidates, "canonical_tokens", lambda *a, **k: tokenized.append(1) or real(*a, **k))
+    ids = _free_text_row(tok)
+    prior = {"S": 0.8, "R": 0.3, "F": 0.3}
+    dear = StructureDrafter(DraftPlan(tools=[], learn_delta=False, suffix_trees=False, delta=0.5,
+                                      prior_acceptance=prior, budget=budget), tok)
+    (draft,) = dear.propose([RowInput(ids)])
+    assert dear.row_price > 0.3
+    if budget:
+        assert draft == [] and tokenized == [] and dear._unpaid == ("reasoning", "lookup")
+    else:  # tokenized; whether it is sent is the law's gate's call (`budget.fixed`)
+        assert tokenized
+    tokenized.clear()
+    cheap = StructureDrafter(DraftPlan(tools=[], learn_delta=False, suffix_trees=False, delta=0.05,
+                                       prior_acceptance=prior, budget=budget), tok)
+    (draft,) = cheap.propose([RowInput(ids)])
+    assert tokenized and tok.decode(draft).startswith(" at dusk") and cheap._unpaid is None
+
+
+def test_the_row_choice_weighs_an_untokenized_lookup_as_the_built_one(tok):
+    """The lookup not tokenized (`_lookup_pays`) is weighed in the row's choice as the built one would
+    be, worth 0 at the row's price: the same winner and the same contest to learn from, whatever the
+    bias learned for (kind, lookup)."""
+    from types import SimpleNamespace
+
+    from agentspec_sdk.drafting.rows import Candidate
+
+    drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok)
+    drafter.row_price = 0.2
+    tree = Candidate([1, 2, 3], ["suffix"] * 3, "thought", "R", [0.9, 0.8, 0.3])
+    built = Candidate([7, 8, 9], ["lookup"] * 3, "thought", "R", [0.1, 0.9, 0.9])  # first token unpaid
+    assert drafter._worth(built) == 0.0 < drafter._worth(tree)
+    key = ("thought", "lookup")
+    for bias in (0.0, 1.0, 5.0):  # the tree wins, then loses to own's bias
+        drafter.choice_bias[key] = bias
+        rows = [SimpleNamespace(contest=None), SimpleNamespace(contest=None)]
+        wins = [drafter._tree_wins(rows[0], built, tree), drafter._tree_wins(rows[1], None, tree, key)]
+        assert wins[0] == wins[1] == (bias < drafter._worth(tree))
+        assert rows[0].contest == rows[1].contest

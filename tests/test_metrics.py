@@ -26,7 +26,13 @@ from agentspec_sdk.backends.prom_metrics import (
 )
 from agentspec_sdk.backends.vllm_metrics import RecordsTail
 from agentspec_sdk.drafting.plan import DraftPlan
-from agentspec_sdk.drafting.records import Accounting, DraftRound, append_records, rotated_path
+from agentspec_sdk.drafting.records import (
+    Accounting,
+    DraftRound,
+    RecordsFile,
+    append_records,
+    rotated_path,
+)
 from agentspec_sdk.errors import PlanError
 from agentspec_sdk.law.estimators import OnlineAcceptance
 
@@ -170,6 +176,39 @@ def test_records_rotate_at_the_cap_and_the_tail_follows(tmp_path):
     assert rotated_path(path).is_file() and rotated_path(path).stat().st_size <= cap
     assert len(tail._drafts) == 400 and tail.lost_rotations == 0  # every line read once, across rotations
     assert [k[0] for k in tail._drafts] == list(range(400))
+
+
+def test_the_records_file_stays_open_between_appends_and_follows_a_removal(tmp_path, monkeypatch):
+    """The writer opens its file once (an append is a stat and a write), rotates it at the cap as
+    `append_records` does (the tail reads every line), and opens it anew when someone else removed
+    or renamed it."""
+    from pathlib import Path
+
+    opened = []
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: opened.append(self) or real_open(self, *a, **k))
+    path = tmp_path / "records.jsonl"
+    tail = RecordsTail(path)
+    out = RecordsFile(path, 4096)
+    for i in range(20):
+        out.append([_line(i)])
+    assert len(opened) == 1 and len(path.read_text().splitlines()) == 20
+    for i in range(20, 200):
+        out.append([_line(i)])
+        assert path.stat().st_size <= 4096
+        if i % 10 == 0:
+            tail.poll()
+    tail.poll()
+    assert [k[0] for k in tail._drafts] == list(range(200)) and tail.lost_rotations == 0
+    rotations = len(opened) - 1
+    assert rotations >= 3
+    path.unlink()
+    out.append([_line(200)])
+    assert len(opened) == rotations + 2 and path.read_text() == _line(200) + "\n"
+    path.rename(tmp_path / "elsewhere.jsonl")
+    out.append([_line(201)])
+    assert path.read_text() == _line(201) + "\n"
+    out.close()
 
 
 def test_a_file_rotated_twice_between_polls_is_counted_as_lost(tmp_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from agentspec_sdk.drafting.fingerprint import prefix_hashes
-from agentspec_sdk.drafting.records import append_records
+from agentspec_sdk.drafting.records import RecordsFile
 
 log = logging.getLogger("agentspec.backends")
 
@@ -52,6 +52,7 @@ class StockDraftObserver:
         self.drafter, self.method = drafter, method
         self.records_path = Path(records_path)
         self.records_max_bytes = records_max_bytes  # rotated as the structure proposer's records are
+        self._file = RecordsFile(self.records_path, records_max_bytes)  # kept open, as the proposer's
         self._rows = ROWS[method]
         self._original = drafter.propose
         self.failures = 0
@@ -87,7 +88,8 @@ class StockDraftObserver:
         lines.append(json.dumps({"type": "step", "t": round(at, 6), "rows": len(drafts), "drafted": drafted,
                                  "proposer_s": round(seconds, 7), "errors": 0, "ctx": ctx,
                                  "drafted_ctx": drafted_ctx}))
-        append_records(self.records_path, lines, self.records_max_bytes)
+        self._file.append(lines)
 
     def close(self) -> None:
         self.drafter.propose = self._original
+        self._file.close()

@@ -58,7 +58,9 @@ class CandidateBuilder:
         return Candidate(cand.tokens[:n], cand.sources[:n], cand.kind, cand.law_class, conf)
 
     def _choose(self, st: RowState, note: dict | None = None) -> Candidate | None:
+        self._unpaid = None
         own = self._structure_candidate(st)
+        unpaid = self._unpaid  # own would have been a lookup not worth its price: not tokenized
         note = {} if note is None else note
         note.update(own=own, tree=None, tree_raw=[], rule="own")
         priced = self.plan.boundary == "price" and self.plan.isolation
@@ -70,25 +72,34 @@ class CandidateBuilder:
                 note["tree"] = self._suffix_candidate(st, note)
             return self._through(st, own, note) if priced else own
         tree = note["tree"] = self._suffix_candidate(st, note)
-        if tree is not None and (own is None or self._tree_wins(st, own, tree)):
+        if tree is not None and ((own is None and unpaid is None) or self._tree_wins(st, own, tree, unpaid)):
             self.suffix_chosen += 1
             note["rule"] = "tree"
             return tree
         return self._through(st, own, note) if priced and own is not None else own
 
-    def _tree_wins(self, st: RowState | None, own: Candidate, tree: Candidate) -> bool:
+    def _tree_wins(self, st: RowState | None, own: Candidate | None, tree: Candidate,
+                   unpaid: tuple[str, str] | None = None) -> bool:
         """The row's choice between its own candidate and the tree's: by worth at the row's price, the
         tree without its extension (`_unextended`), own's worth raised by the bias learned for own's
         (segment kind, source) from earlier choices (`StructureDrafter._judge_choice`). The candidate
-        passed over is kept on the row, as the budget would send it, to judge this choice by."""
-        key = (own.kind, own.source)
+        passed over is kept on the row, as the budget would send it, to judge this choice by.
+
+        `own` None with `unpaid` = (kind, "lookup"): own would have been a lookup whose first token
+        is not worth the price (`_lookup_pays`), worth 0 and sent empty: weighed as such, so the
+        choice and what it learns are those the built lookup would have given."""
+        key = (own.kind, own.source) if own is not None else unpaid
         learn = self.plan.learn_choice
         base = _unextended(tree)
-        wins = self._worth(base) > self._worth(own) + (self.choice_bias.get(key, 0.0) if learn else 0.0)
+        own_worth = self._worth(own) if own is not None else 0.0
+        wins = self._worth(base) > own_worth + (self.choice_bias.get(key, 0.0) if learn else 0.0)
         if st is not None and learn:
             passed = own if wins else base
-            n = sent_length(self._confidences(passed), self.row_price, self.gamma)
-            st.contest = (key, wins, passed.tokens[:n])
+            if passed is None:  # the unpaid lookup, sent empty
+                st.contest = (key, wins, [])
+            else:
+                n = sent_length(self._confidences(passed), self.row_price, self.gamma)
+                st.contest = (key, wins, passed.tokens[:n])
         return wins
 
     def _through(self, st: RowState, own: Candidate, note: dict) -> Candidate:
@@ -221,7 +232,7 @@ class CandidateBuilder:
         call = self._matcher_for(st, kind, marker) if self._registry is not None else None
         forced = call.forced_text("") if call is not None else ""
         law_class = kind.law_class.value
-        text, keep_last, probes, parts = self._chain(st, kind, law_class, marker, call, forced)
+        text, keep_last, probes, parts = self._chain(st, kind, law_class, marker, call, forced, lead=False)
         seg = st.seg.clone()
         seg.feed(rest)
         # the marker's rest is a guess (the model may be opening another marker with the same start)
@@ -231,9 +242,11 @@ class CandidateBuilder:
                                            seg=seg, offset=len(rest))
         return Candidate(tokens, sources, kind.name, law_class) if tokens else None
 
-    def _chain(self, st: RowState, kind, law_class: str, seg_text: str, call, forced: str):
+    def _chain(self, st: RowState, kind, law_class: str, seg_text: str, call, forced: str,
+               lead: bool = True):
         """(draft text, keep its last token, probes for the last token, parts: (offset, source) where
-        each source's text begins).
+        each source's text begins). `lead`: the chain's text begins the draft (not so after a begun
+        marker's rest, `_opening_candidate`).
 
         Sources alternate up to the draft's character budget: grammar-forced text, then a lookup
         continuation of the segment typed so far plus the draft, then forced text again (the matcher
@@ -278,6 +291,10 @@ class CandidateBuilder:
                         more, follow = allowed, ""
                 if not more:
                     break
+                if lead and not text and source == "lookup" and not self._lookup_pays(law_class, kind) \
+                        and not (self.plan.isolation and st.seg.boundary_in(more) == 0):
+                    self._unpaid = (kind.name, "lookup")  # weighed as worth 0 (`_tree_wins`)
+                    break  # its first token would not be sent: not tokenized
                 add(more, source)
                 if close and text.endswith(close):
                     ended = True
@@ -297,6 +314,19 @@ class CandidateBuilder:
         else:
             probes = (follow,) if follow else TRIMMED_PROBES
         return text, False, probes, parts
+
+    def _lookup_pays(self, law_class: str, kind) -> bool:
+        """Whether a lookup draft's first token is worth this row's price (`row_price`): its learned
+        acceptance, calibrated at depth 0 as `_confidences` counts it. Under the budget a draft whose
+        first token is not is sent empty (`budget.allocate`), so where a lookup would begin the draft
+        it is not tokenized (in free text a lookup's first token was accepted 4–5% of the time:
+        docs/drafting.md, "Calibrated draft estimates"). Without the budget every draft is sent."""
+        if not self.plan.budget:
+            return True
+        alpha = self.accounting.acceptance.alpha(law_class, "lookup", kind.name)
+        if self.plan.calibrate:
+            alpha = min(alpha * self.accounting.calibration.factor(law_class, kind.name, "lookup", 0), 1.0)
+        return alpha >= self.row_price
 
     def _forced(self, st: RowState, kind, seg_text: str) -> str:
         if self._registry is None or kind.law_class is not LawClass.S:

@@ -87,6 +87,7 @@ class StructureDrafter(CandidateBuilder):
         # what was sent; None (the default): nothing recorded
         self.explain: list | None = None
         self.row_price = 0.0  # this step's price of a draft token per row (set by each step)
+        self._unpaid: tuple[str, str] | None = None  # the row's own lookup was not worth tokenizing
         # this step's mean row context (tokens, every row of the pass): where the prior delta holds
         # while it is not learned and the plan sets no ctx_ref (`_prices`)
         self.step_ctx: float | None = None

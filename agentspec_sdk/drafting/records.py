@@ -48,19 +48,55 @@ def rotated_path(path: str | os.PathLike) -> Path:
 def append_records(path: Path, lines: list[str], max_bytes: int | None = None) -> None:
     """Append JSON lines to a records file, rotating it first when they would take it past `max_bytes`.
     One writer per file (the proposer's process); readers follow the rotation by inode."""
-    if not lines:
-        return
-    data = ("\n".join(lines) + "\n").encode("utf-8")
-    cap = DEFAULT_RECORDS_MAX_BYTES if max_bytes is None else max_bytes
-    path.parent.mkdir(parents=True, exist_ok=True)
+    out = RecordsFile(path, max_bytes)
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        size = 0
-    if size and size + len(data) > cap:
-        os.replace(path, rotated_path(path))
-    with path.open("ab") as fh:
+        out.append(lines)
+    finally:
+        out.close()
+
+
+class RecordsFile:
+    """A records file its one writer keeps open: an append is one stat (the file may have been
+    rotated or removed by someone else: then it is opened anew) and one write, where opening and
+    closing it for every step's lines (with the folder's check) took 17 µs of the proposer's step.
+    Rotation as `append_records`."""
+
+    def __init__(self, path: str | os.PathLike, max_bytes: int | None = None):
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self._fh = None
+        self._inode: int | None = None
+
+    def append(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        cap = DEFAULT_RECORDS_MAX_BYTES if self.max_bytes is None else self.max_bytes
+        fh = self._current()
+        size = fh.tell()
+        if size and size + len(data) > cap:
+            self.close()
+            os.replace(self.path, rotated_path(self.path))
+            fh = self._current()
         fh.write(data)
+        fh.flush()
+
+    def _current(self):
+        try:
+            inode = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            inode = None
+        if self._fh is None or inode != self._inode:
+            self.close()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("ab")
+            self._inode = os.fstat(self._fh.fileno()).st_ino
+        return self._fh
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +164,7 @@ class Accounting:
         self.gated = 0  # rows with a candidate that got no draft at all
         self._buffer: list[str] = []
         self._write_failing = False  # the last write to the records file failed (warned once)
+        self._file: RecordsFile | None = None  # the records file, kept open between steps
         self._totals: dict = defaultdict(lambda: [0, 0, 0])  # (class, source) -> rounds, drafted, accepted
         self.steps = 0
         self.rows_seen = 0
@@ -203,9 +240,16 @@ class Accounting:
         goes on without records."""
         if self.records_path is None:
             return
+        out = self._file
+        if out is None or out.path != self.records_path:  # the plan may name another file
+            if out is not None:
+                out.close()
+            out = self._file = RecordsFile(self.records_path)
+        out.max_bytes = self.records_max_bytes
         try:
-            append_records(self.records_path, lines, self.records_max_bytes)
+            out.append(lines)
         except OSError as exc:
+            out.close()
             if not self._write_failing:
                 log.warning("cannot write draft records to %s (%s); drafting goes on without them",
                             self.records_path, exc)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import codecs
 
+import numpy as np
+
 
 class TokenBytes:
     """Per-token bytes of a vocabulary (special tokens as their text), computed once; `texts[i]`:
@@ -18,12 +20,17 @@ class TokenBytes:
         n = ll_tokenizer.vocab_size
         self.table: list[bytes] = [ll_tokenizer.decode_bytes([i]) for i in range(n)]
         self.texts: list[str | None] = [_whole_text(b) for b in self.table]
+        # characters of each token's text, -1 where its bytes are not whole characters
+        self.text_lengths = np.array([len(t) if t is not None else -1 for t in self.texts], dtype=np.int64)
 
     def __getitem__(self, token: int) -> bytes:
         try:
             return self.table[token]
         except IndexError:
             return b""
+
+
+WHOLE_RUN = 64  # tokens from which `HistoryText.extend` tries the numpy path
 
 
 class HistoryText:
@@ -69,6 +76,10 @@ class HistoryText:
         character, a token whose bytes are whole characters is taken as its text (a new row's whole
         prompt, usually: 0.75 ms at 4.9k tokens against about 2.5 ms through the decoder); the other
         tokens go through the incremental decoder."""
+        if self._clean and len(token_ids) > WHOLE_RUN:
+            new = self._extend_whole(token_ids)
+            if new is not None:
+                return new
         table, texts, decoder = self._bytes, self._bytes.texts, self._decoder
         decode, n_texts, clean = decoder.decode, len(texts), self._clean
         pieces = []
@@ -86,6 +97,23 @@ class HistoryText:
             ends.append(count)
         self._clean = clean
         new = "".join(pieces)
+        self._live += new
+        return new
+
+    def _extend_whole(self, token_ids) -> str | None:
+        """`extend` for a run of tokens that are all whole characters (a prompt, usually), in numpy:
+        their texts joined and their ends summed at once (a 7.1k-token prompt 0.62 → 0.38 ms). None
+        (nothing appended) where one is not: the decoder takes the run."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        lengths = self._bytes.text_lengths
+        if ids.min() < 0 or ids.max() >= len(lengths):
+            return None
+        sizes = lengths[ids]
+        if sizes.min() < 0:
+            return None
+        texts = self._bytes.texts
+        new = "".join([texts[t] for t in ids.tolist()])
+        self.char_end.extend((np.cumsum(sizes) + len(self)).tolist())
         self._live += new
         return new
 
