@@ -421,6 +421,8 @@ def loss_cause(note: dict, truth: list[int], a_sx: int) -> tuple[str, str]:
         return ("budget" if sent else "gate"), source
     if chosen is not None and chosen is own and tree is not None and a(tree) > a(own):
         return ("forced-first" if note.get("rule") == "forced-first" else "source choice"), source
+    if note.get("rule") == "unpaid" and a(tree) > 0:  # the tree lost to a lookup not worth sending
+        return "source choice", "lookup"
     if chosen is not None and chosen is tree and own is not None and a(own) > a(tree):
         return "tree chosen", source
     if _agree(raw, truth) > max(a(tree), a(chosen)):

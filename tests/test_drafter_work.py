@@ -161,3 +161,13 @@ def test_the_row_choice_weighs_an_untokenized_lookup_as_the_built_one(tok):
         wins = [drafter._tree_wins(rows[0], built, tree), drafter._tree_wins(rows[1], None, tree, key)]
         assert wins[0] == wins[1] == (bias < drafter._worth(tree))
         assert rows[0].contest == rows[1].contest
+
+    def unpaid_lookup(st):  # what `_chain` leaves when it does not tokenize the lookup it found
+        drafter._unpaid = key
+
+    drafter._structure_candidate = unpaid_lookup
+    drafter._suffix_candidate = lambda st, note=None: tree
+    note = {}
+    assert drafter._choose(SimpleNamespace(contest=None), note) is None and note["rule"] == "unpaid"
+    drafter.choice_bias[key] = 0.0
+    assert drafter._choose(SimpleNamespace(contest=None), note) is tree and note["rule"] == "tree"

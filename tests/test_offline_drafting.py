@@ -294,3 +294,14 @@ def test_the_replay_prices_the_drafter_as_its_cost_charges(offline, batch, delta
     assert batch_price(fields["delta"], batch) == pytest.approx(delta)
     with pytest.raises(LawInputError, match="per-row price must be in"):
         offline.priced(1.0, batch)
+
+
+def test_a_tree_passed_over_for_an_untokenized_lookup_is_a_source_choice(offline):
+    """`--explain`: a row where the tree lost to a lookup not worth sending (the drafter's rule
+    "unpaid", nothing drafted) and the tree would have been accepted is a loss of the source choice."""
+    from agentspec_sdk.drafting.rows import Candidate
+
+    tree = Candidate([1, 2, 3], ["suffix"] * 3, "thought", "R", [0.9, 0.8, 0.3])
+    lost = {"chosen": None, "own": None, "tree": tree, "rule": "unpaid", "sent": [], "tree_raw": tree.tokens}
+    assert offline.loss_cause(lost, [1, 2, 3, 4], 2) == ("source choice", "lookup")
+    assert offline.loss_cause(dict(lost, rule="own"), [1, 2, 3, 4], 2)[0] != "source choice"

@@ -76,6 +76,8 @@ class CandidateBuilder:
             self.suffix_chosen += 1
             note["rule"] = "tree"
             return tree
+        if own is None and unpaid is not None and tree is not None:
+            note["rule"] = "unpaid"  # the tree lost to a lookup sent empty: no draft (explain's causes)
         return self._through(st, own, note) if priced and own is not None else own
 
     def _tree_wins(self, st: RowState | None, own: Candidate | None, tree: Candidate,
