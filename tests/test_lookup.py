@@ -104,6 +104,30 @@ def test_corpus_index_finds_what_the_string_search_finds(monkeypatch):
     assert (cont[:4], k) == ("Rome", 9)  # the most recent occurrence of the longest match
 
 
+def test_grams_that_share_a_key_are_told_apart_by_their_text(monkeypatch):
+    """The index keys a gram by a 32-bit hash; with every gram forced onto one key (and CAP above the
+    text's length) each candidate is still compared as text, so the answers stay exact."""
+    import random
+
+    import numpy as np
+
+    from agentspec_sdk.drafting import lookup as lookup_mod
+
+    monkeypatch.setattr(lookup_mod.CorpusIndex, "DIRECT", 0)
+    monkeypatch.setattr(lookup_mod.CorpusIndex, "CAP", 1000)
+    monkeypatch.setattr(lookup_mod, "_gram_keys",
+                        lambda codes, gram: np.zeros(len(codes) - gram + 1, np.uint64))
+    monkeypatch.setattr(lookup_mod, "_key_hash", lambda key: 0)
+    rng = random.Random(2)
+    for _ in range(500):
+        alphabet = 'ab c"{é'[: rng.randint(2, 7)]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        index = lookup_mod.CorpusIndex(text)
+        query = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        end = rng.randint(0, len(text) + 1)
+        assert index.longest_match(query, end, 3, 64) == longest_match(query, text, end, 3, 64)
+
+
 def test_text_appended_after_the_index_is_searched_without_a_rebuild(monkeypatch):
     """A corpus grows a segment at a time: the index stays as built and the text appended since
     (up to DIRECT characters) is searched as a string; answers are those of `longest_match` over

@@ -46,15 +46,20 @@ def longest_match(query: str, corpus: str, end: int, min_k: int, max_k: int,
 
 
 class CorpusIndex:
-    """Append-only text indexed by its `SHORT`- and `LONG`-character grams: per gram length, the
-    grams' codes (numpy, sorted, stable) and the end offset of each occurrence. `longest_match`
-    examines at most `CAP` of the most recent occurrences of the query's last `LONG` characters
-    (matches of `LONG` or more characters), and otherwise of its last `SHORT` characters: its work is
-    bounded whatever the text's length. It is exact (the same answer as `longest_match` over the
-    text) unless a gram occurs more than `CAP` times, when an older, longer match may be missed.
-    Text appended after the index was built (at most DIRECT characters, see `extend`) is searched as
-    a string. `checked` counts the occurrences examined. A `SHORT` gram's code is exact (21 bits a character);
-    a `LONG` one is a 64-bit polynomial hash, and every candidate is compared as text anyway."""
+    """Append-only text indexed by its `SHORT`- and `LONG`-character grams: per gram length, one sorted
+    array of 64-bit entries, each a gram's 32-bit key above the end offset of one occurrence, so the
+    occurrences of a key are contiguous and in text order. `longest_match` examines at most `CAP` of
+    the most recent occurrences of the query's last `LONG` characters (matches of `LONG` or more
+    characters), and otherwise of its last `SHORT` characters: its work is bounded whatever the text's
+    length. It is exact (the same answer as `longest_match` over the text) unless a key has more than
+    `CAP` occurrences, when an older, longer match may be missed. Text appended after the index was
+    built (at most DIRECT characters, see `extend`) is searched as a string. `checked` counts the
+    occurrences examined. A key is a hash of the gram (`_gram_keys`): grams that share one are told
+    apart because every candidate is compared as text anyway.
+
+    Why packed entries: numpy sorts a plain uint64 array with its SIMD sort, 15 times faster than a
+    stable argsort of the keys (16k characters: 0.045 ms against 0.66 ms per gram length), and a row
+    builds its prompt's index when it enters the batch."""
 
     SHORT, LONG, CAP = 3, 8, 48
     DIRECT = 4096  # up to this many characters a string search is cheaper than the index (and bounded)
@@ -62,7 +67,7 @@ class CorpusIndex:
 
     def __init__(self, text: str = ""):
         self.text = ""
-        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # built at the first search
+        self._tables: dict[int, np.ndarray] | None = None  # built at the first search
         self._indexed = 0  # the index covers text[:_indexed]
         self.checked = 0
         self.extend(text)
@@ -81,7 +86,8 @@ class CorpusIndex:
     def prepare(self) -> None:
         """Build the index now where searches will use it (a row's corpora when the row enters the
         batch: in the pass that prefills its prompt, not in the first step that searches them)."""
-        if len(self.text) > self.DIRECT and (self._tables is None or self._indexed < len(self.text)):
+        n = len(self.text)
+        if self.DIRECT < n < _MAX_OFFSET and (self._tables is None or self._indexed < n):
             self._build()
 
     def _build(self) -> None:
@@ -90,29 +96,30 @@ class CorpusIndex:
         codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
         for gram in (self.SHORT, self.LONG):
             if len(codes) < gram:
-                self._tables[gram] = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+                self._tables[gram] = np.zeros(0, np.uint64)
                 continue
-            h = _gram_codes(codes, gram)
-            order = np.argsort(h, kind="stable")
-            self._tables[gram] = (h[order], order.astype(np.int64) + gram)  # end offsets, ascending per key
+            keys = _gram_keys(codes, gram)
+            ends = np.arange(gram, len(codes) + 1, dtype=np.uint64)
+            self._tables[gram] = np.sort((keys << _OFFSET_BITS) | ends)
 
     def _ends(self, gram: int, key: str, end: int) -> list[int]:
-        """End offsets (at most `end`) of the occurrences of `key`, the most recent `CAP`, latest first."""
-        keys, ends = self._tables[gram]
-        code = np.uint64(_key_code(key))
-        lo, hi = int(keys.searchsorted(code, "left")), int(keys.searchsorted(code, "right"))
-        if lo == hi:
+        """End offsets (at most `end`) of the occurrences of `key`'s hash, the most recent `CAP`,
+        latest first."""
+        table = self._tables[gram]
+        base = _key_hash(key) << 32
+        lo = int(table.searchsorted(np.uint64(base), "left"))
+        stop = int(table.searchsorted(np.uint64(base | end), "right"))
+        if lo >= stop:
             return []
-        sel = ends[lo:hi]
-        stop = int(sel.searchsorted(end, "right"))
-        return sel[max(0, stop - self.CAP):stop][::-1].tolist()
+        sel = table[max(lo, stop - self.CAP):stop] & _OFFSET_MASK
+        return sel[::-1].tolist()
 
     def longest_match(self, query: str, end: int, min_k: int, max_k: int) -> tuple[int, int]:
         """As `longest_match(query, self.text, end, min_k, max_k)`, from the indexed occurrences."""
         max_k = min(max_k, len(query))
         if max_k < min_k or end <= 0:
             return 0, -1
-        if min_k < self.SHORT or len(self.text) <= self.DIRECT:
+        if min_k < self.SHORT or not self.DIRECT < len(self.text) < _MAX_OFFSET:  # offsets: 32 bits
             return longest_match(query, self.text, end, min_k, max_k)
         if self._tables is None or len(self.text) - self._indexed > self.DIRECT:
             self._build()
@@ -160,6 +167,11 @@ class CorpusIndex:
 
 
 _PRIME = np.uint64(0x100000001B3)
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a key is the high half of code * _MIX
+_OFFSET_BITS = np.uint64(32)
+_MAX_OFFSET = 1 << 32
+_OFFSET_MASK = np.uint64(_MAX_OFFSET - 1)
+_MASK64 = (1 << 64) - 1
 
 
 def _gram_codes(codes: np.ndarray, gram: int) -> np.ndarray:
@@ -175,14 +187,25 @@ def _gram_codes(codes: np.ndarray, gram: int) -> np.ndarray:
     return h
 
 
+def _gram_keys(codes: np.ndarray, gram: int) -> np.ndarray:
+    """The 32-bit key of every `gram`-character window: the high half of its code times `_MIX`."""
+    with np.errstate(over="ignore"):
+        return (_gram_codes(codes, gram) * _MIX) >> _OFFSET_BITS
+
+
 def _key_code(key: str) -> int:
     """`_gram_codes` of one gram, in Python integers."""
     if len(key) == 3:
         return (ord(key[0]) << 42) | (ord(key[1]) << 21) | ord(key[2])
-    h, prime, mask = 0, int(_PRIME), (1 << 64) - 1
+    h, prime = 0, int(_PRIME)
     for ch in key:
-        h = (h * prime + ord(ch)) & mask
+        h = (h * prime + ord(ch)) & _MASK64
     return h
+
+
+def _key_hash(key: str) -> int:
+    """`_gram_keys` of one gram, in Python integers."""
+    return ((_key_code(key) * int(_MIX)) & _MASK64) >> 32
 
 
 def continuation(query: str, corpora: Sequence[tuple[str | CorpusIndex, int]], *, min_chars: int = 3,
