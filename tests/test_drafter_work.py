@@ -171,3 +171,26 @@ def test_the_row_choice_weighs_an_untokenized_lookup_as_the_built_one(tok):
     assert drafter._choose(SimpleNamespace(contest=None), note) is None and note["rule"] == "unpaid"
     drafter.choice_bias[key] = 0.0
     assert drafter._choose(SimpleNamespace(contest=None), note) is tree and note["rule"] == "tree"
+
+
+def test_a_text_tokenized_again_is_answered_from_memory():
+    """`MemoTokenizer`: a repeated `tokenize_str` reaches the tokenizer once, every answer is a copy
+    (a caller that keeps and changes it changes nothing), and the memory is bounded."""
+    from agentspec_sdk.drafting.tokenizer import MemoTokenizer
+
+    class Counting:
+        def __init__(self):
+            self.calls = []
+
+        def tokenize_str(self, text):
+            self.calls.append(text)
+            return [ord(c) for c in text]
+
+    ll = Counting()
+    memo = MemoTokenizer(ll, size=3)
+    first = memo.tokenize_str("ab")
+    first.append(0)
+    assert memo.tokenize_str("ab") == [97, 98] and ll.calls == ["ab"]
+    for text in ("c", "d", "e"):  # the fourth distinct text clears the memory
+        memo.tokenize_str(text)
+    assert memo.tokenize_str("ab") == [97, 98] and ll.calls == ["ab", "c", "d", "e", "ab"]

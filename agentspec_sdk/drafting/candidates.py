@@ -36,9 +36,9 @@ TRIMMED_PROBES = ("a", "0", '"')
 
 
 class CandidateBuilder:
-    """Builds each row's `Candidate`; the drafter (its subclass) holds `plan`, `gamma`, `ll`, `end_ids`,
-    `token_bytes`, `trees`, `accounting`, `explain`, `suffix_chosen`, `choice_bias`, `_registry`,
-    `_call_grammar` and `_proto` (one prototype matcher per grammar)."""
+    """Builds each row's `Candidate`; the drafter (its subclass) holds `plan`, `gamma`, `ll`,
+    `memo_tokenizer`, `end_ids`, `token_bytes`, `trees`, `accounting`, `explain`, `suffix_chosen`,
+    `choice_bias`, `_registry`, `_call_grammar` and `_proto` (one prototype matcher per grammar)."""
 
     def _candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """The row's draft before sizing. `note` (explain mode): filled with what was weighed.
@@ -413,7 +413,7 @@ class CandidateBuilder:
         first = max(0, st.n - ANCHOR_TOKENS)
         emitted = st.tail[len(st.tail) - (st.n - first):].tolist()
         tail = st.text.slice(st.text.token_start(first))
-        tokens = canonical_tokens(self.ll, emitted, tail, text, keep_last=keep_last,
+        tokens = canonical_tokens(self.memo_tokenizer, emitted, tail, text, keep_last=keep_last,
                                   probes=probes)[: self.gamma]
         return tokens, _token_sources(self.token_bytes, tokens, text, parts)
 

@@ -36,7 +36,7 @@ from agentspec_sdk.drafting.records import Accounting, PendingDraft, agreement, 
 from agentspec_sdk.drafting.rows import Candidate, RowContext, RowInput, RowState
 from agentspec_sdk.drafting.suffix_source import SuffixTrees
 from agentspec_sdk.drafting.suffix_source import available as suffix_available
-from agentspec_sdk.drafting.tokenizer import ll_tokenizer, turn_markers
+from agentspec_sdk.drafting.tokenizer import MemoTokenizer, ll_tokenizer, turn_markers
 from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.law.cost_fits import OnlineStepCost
 from agentspec_sdk.law.estimators import OnlineAcceptance
@@ -67,6 +67,7 @@ class StructureDrafter(CandidateBuilder):
         length whatever the plan says (vLLM's num_speculative_tokens)."""
         self.max_draft = max_draft
         self.ll, self.token_bytes = ll_tokenizer(tokenizer)
+        self.memo_tokenizer = MemoTokenizer(self.ll)  # canonical tokens of draft text (`_tokens_for`)
         self._watcher = PlanWatcher(plan_path) if plan_path else None
         self._turn_start_default, self.turn_end = turn_markers(tokenizer)
         end = self.turn_end.encode("utf-8") if self.turn_end else None

@@ -28,6 +28,34 @@ def ll_tokenizer(tokenizer):
     return ll, _LL_CACHE[id(tokenizer)][2]
 
 
+class MemoTokenizer:
+    """The llguidance tokenizer's `tokenize_str`, remembered for up to `size` texts (then forgotten
+    all at once), with `tokenize_bytes` and `decode_bytes` passed through: what
+    `forced.canonical_tokens` calls. A row whose draft was rejected where it began tokenizes the same
+    text again in the next step: 15–43% of those calls repeated one already made, on captured turns
+    of code, ReAct, tool calls and long contexts (docs/drafting.md, issue 21)."""
+
+    __slots__ = ("ll", "size", "_memo")
+
+    def __init__(self, ll, size: int = 1024):
+        self.ll, self.size = ll, size
+        self._memo: dict[str, list[int]] = {}
+
+    def tokenize_str(self, text: str) -> list[int]:
+        tokens = self._memo.get(text)
+        if tokens is None:
+            if len(self._memo) >= self.size:
+                self._memo.clear()
+            tokens = self._memo[text] = self.ll.tokenize_str(text)
+        return list(tokens)  # a copy: callers slice and keep what they get
+
+    def tokenize_bytes(self, data: bytes) -> list[int]:
+        return self.ll.tokenize_bytes(data)
+
+    def decode_bytes(self, tokens) -> bytes:
+        return self.ll.decode_bytes(tokens)
+
+
 def turn_markers(tokenizer) -> tuple[str, str]:
     """The text a chat template puts before a model turn (``<|im_start|>assistant\\n``) and the text
     that ends a turn (``<|im_end|>``)."""
