@@ -31,9 +31,10 @@ def ll_tokenizer(tokenizer):
 class MemoTokenizer:
     """The llguidance tokenizer's `tokenize_str`, remembered for up to `size` texts (then forgotten
     all at once), with `tokenize_bytes` and `decode_bytes` passed through: what
-    `forced.canonical_tokens` calls. A row whose draft was rejected where it began tokenizes the same
-    text again in the next step: 15–43% of those calls repeated one already made, on captured turns
-    of code, ReAct, tool calls and long contexts (docs/drafting.md, issue 21)."""
+    `forced.canonical_tokens` calls. Every turn opens with the same text (the chat template's last
+    tokens, then the opening the format forces, e.g. `assistant\n<tool_call>{"name":"`), and draft
+    text recurs: 15–43% of those calls repeated one already made, on captured turns of code, ReAct,
+    tool calls and long contexts (docs/drafting.md, issue 21)."""
 
     __slots__ = ("ll", "size", "_memo")
 
