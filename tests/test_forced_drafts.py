@@ -373,3 +373,39 @@ def test_the_stable_end_probe_agrees_with_tokenizing_the_whole_text(tok):
         for probes in (FORCED_PROBES, TRIMMED_PROBES, ('\n',)):
             whole = all(ll.tokenize_str(text + p)[: len(toks)] == toks for p in probes)
             assert _stable_end(ll, text, toks, probes) == whole, (text, probes)
+
+
+def test_a_matcher_tokenizes_recurring_text_once(tok):
+    """The texts a tool-call matcher tokenizes recur (the forced text `_ends_object` checks, the
+    lookup text `valid_prefix` trims: 67-78% of those calls on captured tool-call turns): given the
+    drafter's `MemoTokenizer`, each distinct text reaches the tokenizer once, and every answer is the
+    one the matcher gives without it."""
+    import llguidance.hf
+
+    from agentspec_sdk.drafting.tokenizer import MemoTokenizer
+
+    class Counting:
+        def __init__(self, ll):
+            self.ll, self.texts = ll, []
+
+        def tokenize_str(self, text):
+            self.texts.append(text)
+            return self.ll.tokenize_str(text)
+
+        def __getattr__(self, name):
+            return getattr(self.ll, name)
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    grammar = tool_call_grammar([*_registry([WEATHER])])
+    counting = Counting(ll)
+    memo = CallMatcher(ll, grammar, "</tool_call>", text=MemoTokenizer(counting))
+    plain = CallMatcher(ll, grammar, "</tool_call>")
+    head = '{"name":"get_weather","arguments":{"city":"Oslo","unit":"'
+    for _ in range(3):  # three steps of rows at the same point of the same call
+        for m in (memo, plain):
+            assert m.forced_text('{"name":"get_weather","arguments":{"ci') == 'ty":"'
+        # lookup text past the value: the grammar allows the call's end, not what follows it
+        lookup = 'celsius"}} and more'
+        assert memo.allowed_after(head, lookup) == plain.allowed_after(head, lookup) == 'celsius"}}'
+        assert memo.forced_text(head + 'celsius"') == plain.forced_text(head + 'celsius"') == "}}</tool_call>"
+    assert counting.texts and len(counting.texts) == len(set(counting.texts))

@@ -351,7 +351,8 @@ class CandidateBuilder:
         if kind.name == "action" and not kind.delimited:
             key = ("names",)
             if key not in self._proto:
-                self._proto[key] = CallMatcher(self.ll, name_grammar(self._registry.names))
+                self._proto[key] = CallMatcher(self.ll, name_grammar(self._registry.names),
+                                                    text=self.memo_tokenizer)
         elif kind.name == "action_input":
             name = self._named_tool(st)
             if name is None:
@@ -359,7 +360,7 @@ class CandidateBuilder:
             key = ("args", name)
             if key not in self._proto:
                 grammar = _tool_call_grammar([self._registry.get(name)])
-                self._proto[key] = ArgsMatcher(self.ll, grammar, name)
+                self._proto[key] = ArgsMatcher(self.ll, grammar, name, text=self.memo_tokenizer)
         else:
             return None
         return self._proto[key].fork()
@@ -495,7 +496,7 @@ def _call_prototype(builder: CandidateBuilder, fmt, kind, seg_text: str) -> Call
         key = ("list", prefix, syntax)
         if key not in protos:
             grammar = _tool_call_grammar(builder._registry, syntax, listed=True)
-            protos[key] = ListMatcher(builder.ll, grammar, prefix)
+            protos[key] = ListMatcher(builder.ll, grammar, prefix, text=builder.memo_tokenizer)
         return protos[key]
     if (kind.content == "json" and kind.delimited) or (syntax is not None and kind.name == "tool_call"):
         close = _close_of(kind, seg_text)
@@ -505,7 +506,7 @@ def _call_prototype(builder: CandidateBuilder, fmt, kind, seg_text: str) -> Call
                        else _tool_call_grammar(builder._registry, syntax))
             # Hermes' and Gemma's blocks end with a newline before the close marker
             newline = "\n" if syntax is not None and syntax.newlines == "required" else ""
-            protos[key] = CallMatcher(builder.ll, grammar, newline + close)
+            protos[key] = CallMatcher(builder.ll, grammar, newline + close, text=builder.memo_tokenizer)
         return protos[key]
     return None
 

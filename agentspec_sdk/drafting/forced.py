@@ -33,8 +33,11 @@ class CallMatcher:
     # lookup text may follow forced text though no close marker ends the segment (a call list)
     chains = False
 
-    def __init__(self, ll_tokenizer, grammar: str, close_marker: str = ""):
-        self.ll = ll_tokenizer
+    def __init__(self, ll_tokenizer, grammar: str, close_marker: str = "", *, text=None):
+        """`text`: what tokenizes and decodes text for the matcher (`tokenizer.MemoTokenizer`: the
+        forced text `_ends_object` checks and the lookup text `valid_prefix` trims recur, 80-90% and
+        50-75% of the calls on captured tool-call turns); None: `ll_tokenizer` itself."""
+        self.ll = ll_tokenizer if text is None else text
         self.matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise ValueError(f"tool-call grammar does not compile: {self.matcher.get_error()}")
@@ -207,8 +210,8 @@ class ArgsMatcher(CallMatcher):
     grammar: the matcher is fed ``{"name":"<tool>","arguments":`` before the segment's text, and forced
     text is cut where the arguments object closes (the call's own ``}`` is not the segment's)."""
 
-    def __init__(self, ll_tokenizer, grammar: str, tool_name: str):
-        super().__init__(ll_tokenizer, grammar, "")
+    def __init__(self, ll_tokenizer, grammar: str, tool_name: str, *, text=None):
+        super().__init__(ll_tokenizer, grammar, "", text=text)
         self.prefix = '{"name":' + json.dumps(tool_name) + ',"arguments":'
 
     def fork(self) -> ArgsMatcher:
@@ -231,8 +234,8 @@ class ListMatcher(CallMatcher):
 
     chains = True
 
-    def __init__(self, ll_tokenizer, grammar: str, prefix: str):
-        super().__init__(ll_tokenizer, grammar, "")
+    def __init__(self, ll_tokenizer, grammar: str, prefix: str, *, text=None):
+        super().__init__(ll_tokenizer, grammar, "", text=text)
         self.prefix = prefix
 
     def fork(self) -> ListMatcher:

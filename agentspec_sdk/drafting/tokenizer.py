@@ -30,11 +30,14 @@ def ll_tokenizer(tokenizer):
 
 class MemoTokenizer:
     """The llguidance tokenizer's `tokenize_str`, remembered for up to `size` texts (then forgotten
-    all at once), with `tokenize_bytes` and `decode_bytes` passed through: what
-    `forced.canonical_tokens` calls. Every turn opens with the same text (the chat template's last
-    tokens, then the opening the format forces, e.g. `assistant\n<tool_call>{"name":"`), and draft
-    text recurs: 15–43% of those calls repeated one already made, on captured turns of code, ReAct,
-    tool calls and long contexts (docs/drafting.md, issue 21)."""
+    all at once), with `tokenize_bytes`, `decode_bytes` and `decode_str` passed through: what
+    `forced.canonical_tokens` and the tool-call matchers (`forced.CallMatcher`) call.
+
+    Every turn opens with the same text (the chat template's last tokens, then the opening the
+    format forces, e.g. `assistant\n<tool_call>{"name":"`), and draft text recurs: 15–43% of
+    `canonical_tokens`' calls repeated one already made, on captured turns of code, ReAct, tool calls
+    and long contexts; of the matchers' (the forced text checked for a closed object, the lookup text
+    trimmed to what the grammar allows) 67-78% (docs/drafting.md, issue 21)."""
 
     __slots__ = ("ll", "size", "_memo")
 
@@ -55,6 +58,9 @@ class MemoTokenizer:
 
     def decode_bytes(self, tokens) -> bytes:
         return self.ll.decode_bytes(tokens)
+
+    def decode_str(self, tokens) -> str:
+        return self.ll.decode_str(tokens)
 
 
 def turn_markers(tokenizer) -> tuple[str, str]:
