@@ -325,14 +325,19 @@ def test_gemma_tool_code_block_forces_the_call_and_its_fence(tok, native):
 
 
 class _CountingTokenizer:
-    """An llguidance tokenizer that counts the bytes `CallMatcher._sync` tokenizes."""
+    """An llguidance tokenizer that counts the bytes `CallMatcher._sync` tokenizes and keeps the texts
+    given to `tokenize_str`."""
 
     def __init__(self, ll):
-        self.ll, self.tokenized = ll, 0
+        self.ll, self.tokenized, self.texts = ll, 0, []
 
     def tokenize_bytes(self, data):
         self.tokenized += len(data)
         return self.ll.tokenize_bytes(data)
+
+    def tokenize_str(self, text):
+        self.texts.append(text)
+        return self.ll.tokenize_str(text)
 
     def __getattr__(self, name):
         return getattr(self.ll, name)
@@ -384,20 +389,9 @@ def test_a_matcher_tokenizes_recurring_text_once(tok):
 
     from agentspec_sdk.drafting.tokenizer import MemoTokenizer
 
-    class Counting:
-        def __init__(self, ll):
-            self.ll, self.texts = ll, []
-
-        def tokenize_str(self, text):
-            self.texts.append(text)
-            return self.ll.tokenize_str(text)
-
-        def __getattr__(self, name):
-            return getattr(self.ll, name)
-
     ll = llguidance.hf.from_tokenizer(tok)
     grammar = tool_call_grammar([*_registry([WEATHER])])
-    counting = Counting(ll)
+    counting = _CountingTokenizer(ll)
     memo = CallMatcher(ll, grammar, "</tool_call>", text=MemoTokenizer(counting))
     plain = CallMatcher(ll, grammar, "</tool_call>")
     head = '{"name":"get_weather","arguments":{"city":"Oslo","unit":"'
