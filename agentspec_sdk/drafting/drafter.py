@@ -67,7 +67,8 @@ class StructureDrafter(CandidateBuilder):
         length whatever the plan says (vLLM's num_speculative_tokens)."""
         self.max_draft = max_draft
         self.ll, self.token_bytes = ll_tokenizer(tokenizer)
-        self.memo_tokenizer = MemoTokenizer(self.ll)  # canonical tokens of draft text (`_tokens_for`)
+        # draft text tokenized once: `_tokens_for`'s canonical tokens and the tool-call matchers' checks
+        self.memo_tokenizer = MemoTokenizer(self.ll)
         self._watcher = PlanWatcher(plan_path) if plan_path else None
         self._turn_start_default, self.turn_end = turn_markers(tokenizer)
         end = self.turn_end.encode("utf-8") if self.turn_end else None
