@@ -75,7 +75,9 @@ def test_law_terms_from_the_fit():
     fit = law.fit_pass_costs(synthetic_passes())
     n, ctx_row = 6.0, 1500.0
     t_off = fit.seconds(rows=n, ctx=n * ctx_row, proposer=False)
-    per_token = fit.token_cost(ctx_row, schema_share=0.5)
+    # seconds one more verified draft token adds to a pass (target + drafter), half of them in S rows
+    c, p = fit.coef, fit.proposer
+    per_token = c["verified"] + c["verified_ctx"] * ctx_row / 1000 + c["schema"] * 0.5 + p["drafted"]
     expected = TRUE["verified"] + TRUE["verified_ctx"] * 1.5 + TRUE["schema"] * 0.5 + PROPOSER["drafted"]
     assert per_token == pytest.approx(expected, rel=0.05)
     # one more drafted token in each of n rows, relative to the pass without drafts: delta + d

@@ -232,8 +232,10 @@ def test_flexible_whitespace_compiles_in_both_engines(checker):
               "required": ["a"]}
     lark_text = compile_schema(schema, whitespace="flexible")
     gbnf_text = compile_schema_gbnf(schema, whitespace="flexible")
-    assert checker.llguidance_accepts(lark_text, '{ "a": [1, 2] }')
-    assert checker.xgrammar_accepts(gbnf_text, '{ "a": [1, 2] }')
+    judges = checker.judges(lark_text, gbnf_text)
+    assert judges.errors == {"lark": None, "llguidance": None, "xgrammar": None}, judges.errors
+    assert judges.verdicts('{ "a": [1, 2] }') == {"lark": True, "llguidance": True, "xgrammar": True}
+    assert judges.verdicts('{ "a": [1, 2.5] }') == {"lark": False, "llguidance": False, "xgrammar": False}
 
 
 # ---------------------------------------------------------------- BFCL normaliser

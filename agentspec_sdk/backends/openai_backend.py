@@ -91,11 +91,6 @@ class RemoteEngine(EngineBase):
         self._counters_at_start, self._agentspec_at_start = self.inspector.scrape(quiet=True)
         self._closed = False
 
-    @classmethod
-    def from_url(cls, url: str, **kwargs) -> RemoteEngine:
-        """`agentspec replay --server URL`: everything else has working defaults."""
-        return cls(url, **kwargs)
-
     # -- tools and grammars --------------------------------------------------------------------
 
     def register_tools(self, tools: Any) -> None:

@@ -30,11 +30,9 @@ Families (counters end in `_total` on the page):
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from typing import Any
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PREFIX = "agentspec:"
 SECOND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                   2.5, 5.0)
@@ -48,10 +46,6 @@ def proposer_metrics() -> ProposerMetrics:
     if _METRICS is None:
         _METRICS = ProposerMetrics()
     return _METRICS
-
-
-def multiprocess_enabled() -> bool:
-    return bool(os.environ.get(MULTIPROC_ENV))
 
 
 class ProposerMetrics:

@@ -304,13 +304,6 @@ class PassCosts:
             t += p["base"] + p["row"] * rows + p["drafted"] * drafted + p["ctx"] * ctx / 1000.0
         return float(t)
 
-    def token_cost(self, ctx_per_row: float = 0.0, schema_share: float = 0.0) -> float:
-        """Seconds one more verified draft token adds to a pass (target + drafter), at a row context
-        of `ctx_per_row` tokens with `schema_share` of the drafted tokens in S rows."""
-        c = self.coef
-        t = c["verified"] + c["verified_ctx"] * ctx_per_row / 1000.0 + c["schema"] * schema_share
-        return float(t + (self.proposer.get("drafted", 0.0) if self.proposer else 0.0))
-
     def to_dict(self) -> dict:
         return asdict(self)
 

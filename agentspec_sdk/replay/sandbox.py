@@ -380,14 +380,3 @@ class Sandbox:
         except (ProcessLookupError, PermissionError):
             pass
 
-
-_DEFAULT: list[Sandbox] = []
-_default_lock = threading.Lock()
-
-
-def default_sandbox() -> Sandbox:
-    """One shared sandbox with the default limits."""
-    with _default_lock:
-        if not _DEFAULT:
-            _DEFAULT.append(Sandbox())
-        return _DEFAULT[0]

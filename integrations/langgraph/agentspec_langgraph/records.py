@@ -85,11 +85,5 @@ class RecordLog:
         with self._lock:
             return list(self._records)
 
-    def by_agent(self) -> Mapping[str | None, list[TurnRecord]]:
-        out: dict[str | None, list[TurnRecord]] = {}
-        for rec in self.records:
-            out.setdefault(rec.agent_id, []).append(rec)
-        return out
-
     def totals(self) -> dict[str, dict[str, Any]]:
         return total_acceptance(self.records)
