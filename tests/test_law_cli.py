@@ -1,5 +1,6 @@
 """`agentspec law` and `agentspec law plot`: numbers, JSON, errors and real PNG files."""
 
+import itertools
 import json
 import re
 
@@ -161,7 +162,7 @@ def test_figures_have_labelled_axes_and_breakeven_marks():
     fig = figure_saving_vs_w_s(params, mix, (4, 8))
     ax = fig.axes[0]
     assert "schema share" in ax.get_xlabel() and "saving" in ax.get_ylabel()
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # below the axes
     assert sum("exact" in t for t in labels) == 2 and any("small-eps" in t for t in labels)
 
 
@@ -183,8 +184,32 @@ def test_saving_plot_labels_points_by_arm_mode_batch_and_draws_the_cost_model():
     i = int(np.argmin(abs(x - 0.7)))
     t = tau_vs_w_s(params, mix, 5, x[i])
     assert y[i] == pytest.approx(1 - float(pass_cost_ratio(t, 1.0, 1.0 + 0.02 + 0.6 * 5 * 0.21, 0.6)))
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "predicted for that run" in labels
+
+
+def test_titles_round_and_point_labels_do_not_overlap():
+    # the demo's fit (quick demo, seed 0): six figures of kappa, delta and d in the titles before
+    params = LawParams(0.578246, 0.0232777, 0.00115684)
+    mix = ClassMix.from_shares(0.81, 0.19, 0.684, 0.672, 0.091)
+    assert figure_tau_by_class(params, mix, 16).axes[0].get_title().endswith("(kappa=0.578)")
+    # two modes of an arm at the same point and at nearly the same saving, as the quick demo measured
+    pts = [{"arm": a, "mode": m, "batch": 8, "gamma": 8, "w_s": w, "saving": s}
+           for a, m, w, s in [("A", "structure", 0.0, 0.35), ("A", "suffix", 0.0, 0.35),
+                              ("D-code", "structure", 0.0, 0.79), ("D-code", "suffix", 0.0, 0.81),
+                              ("D", "structure", 0.81, 0.52), ("D", "suffix", 0.81, 0.385),
+                              ("D-react", "structure", 0.71, 0.715), ("D-react", "suffix", 0.71, 0.61)]]
+    fig = figure_saving_vs_w_s(params, mix, (8,), pts, {"gamma": 5, "draft_share": 0.78, "overhead": 0.008})
+    ax = fig.axes[0]
+    assert ax.get_title().endswith("delta=0.0233, d=0.00116)")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+    assert len(boxes) == 8
+    for a, b in itertools.combinations(boxes, 2):
+        assert not boxes[a].overlaps(boxes[b]), (a, b)
+    # the legend is below the axes, over none of the data
+    assert fig.legends[0].get_window_extent(renderer).y1 < ax.get_window_extent(renderer).y0
 
 
 def test_a_ci_bound_a_rounding_error_past_tau_still_plots():

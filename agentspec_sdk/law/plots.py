@@ -35,10 +35,10 @@ CLASS_STYLE = {"S": ("tab:blue", "S (schema-bound)"), "R": ("tab:orange", "R (re
 LAW_KEYS = ("w_s", "w_r", "rho_s", "rho_r", "rho_f", "kappa", "delta", "d", "gamma")
 
 
-def _figure():
+def _figure(height: float = 4.6):
     from matplotlib.figure import Figure  # lazy: the law's closed forms never need matplotlib
 
-    return Figure(figsize=(7.0, 4.6), dpi=110, layout="constrained")
+    return Figure(figsize=(7.0, height), dpi=110, layout="constrained")
 
 
 def _points(value) -> list[dict]:
@@ -69,9 +69,9 @@ def figure_tau_by_class(params: LawParams, mix: ClassMix, gamma_max: int = 16,
             label=f"mixed, rho_bar={mix.rho_bar:.2f}")
     ax.set_xlabel("draft length gamma (tokens)")
     ax.set_ylabel("expected accepted prefix tau")
-    ax.set_title(f"Expected accepted prefix by position class (kappa={params.kappa:g})")
+    ax.set_title(f"Expected accepted prefix by position class (kappa={params.kappa:.3g})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")  # tau <= gamma: no curve or point ever reaches that corner
     return fig
 
 
@@ -93,7 +93,7 @@ def figure_saving_vs_w_s(params: LawParams, mix: ClassMix, gammas: Sequence[int]
     circle joined to it."""
     check_mismatch(params, mix)
     w = np.linspace(0.0, 1.0, 201)
-    fig = _figure()
+    fig = _figure(6.0)  # the legend below the axes
     ax = fig.add_subplot()
     ax.axhline(0.0, color="0.4", linewidth=1)
     colors = ["tab:purple", "tab:red", "tab:brown", "tab:cyan", "tab:olive"]
@@ -133,19 +133,48 @@ def figure_saving_vs_w_s(params: LawParams, mix: ClassMix, gammas: Sequence[int]
                        facecolors="none", edgecolors="black", zorder=5, label="predicted for that run")
             for p in pred:
                 ax.plot([p["w_s"], p["w_s"]], [p["saving"], p["predicted"]], color="0.5", linewidth=0.8)
-        for p in pts:
-            label = _point_label(p)
-            if label:
-                ax.annotate(label, (p["w_s"], p["saving"]), textcoords="offset points", xytext=(5, 5),
-                            fontsize=7)
     ax.set_xlim(0.0, 1.0)
     ax.set_xlabel("schema share w_S")
     ax.set_ylabel("net saving s = 1 - c_net / c_1")
     ax.set_title(f"Net saving vs schema share (R:F = {mix.rf_share:.2f}:{1 - mix.rf_share:.2f}, "
-                 f"delta={params.delta:g}, d={params.d:g})")
+                 f"delta={params.delta:.3g}, d={params.d:.3g})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    # below the axes: every curve spans the whole width, so a legend inside would cover some of it
+    fig.legend(fontsize=8, loc="outside lower center")
+    _label_points(fig, ax, pts)
     return fig
+
+
+def _label_points(fig, ax, pts: Sequence[Mapping]) -> None:
+    """Each measured point's arm, mode and batch beside it; labels that would overlap (two modes of an
+    arm at nearly the same saving) are moved down until none does. Placed on the figure's final
+    layout, which they do not change (not in the layout)."""
+    labelled = [(p, _point_label(p)) for p in pts]
+    labelled = [(p, label) for p, label in labelled if label]
+    if not labelled:
+        return
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    fig.draw_without_rendering()  # the layout, so data-to-pixel positions are final
+    renderer = canvas.get_renderer()
+    texts = []
+    for p, label in labelled:
+        right = p["w_s"] > 0.75  # near the right edge the label goes left of its point
+        t = ax.annotate(label, (p["w_s"], p["saving"]), textcoords="offset points",
+                        xytext=(-5 if right else 5, 5), ha="right" if right else "left", fontsize=7)
+        t.set_in_layout(False)
+        texts.append(t)
+    placed = []
+    to_points = 72.0 / fig.dpi
+    for t in sorted(texts, key=lambda t: -ax.transData.transform(t.xy)[1]):  # top first
+        box = t.get_window_extent(renderer)
+        for other in sorted(placed, key=lambda b: -b.y1):
+            if box.overlaps(other):
+                shift = box.y1 - other.y0 + 1.0  # pixels down so its top clears the other's bottom
+                box = box.translated(0, -shift)
+                t.xyann = (t.xyann[0], t.xyann[1] - shift * to_points)
+        placed.append(box)
 
 
 def read_report(path: str | Path) -> dict:
