@@ -586,7 +586,9 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
 
     `schedule`: "groups" replays the turns `batch` at a time, each group to its end; "agents" as the
     engine runs agents: up to `batch` rows at once, a row starting as soon as one is free and its
-    episode's previous turn has finished (`predecessors`), so that no turn runs beside its own
+    episode's previous turn has finished and been called once more (`predecessors`; the engine's
+    proposer sees a finished row's last tokens in the step that samples them, and the agent sends
+    the next turn only after that), so that no turn runs beside its own
     episode's earlier turns (in "groups" they can: a later turn that repeats an earlier one then
     drafts from the trees while both are written, which the engine never sees)."""
     if schedule not in SCHEDULES:
@@ -607,7 +609,10 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
             if not live and not finishing:
                 live, waiting = waiting[:batch], waiting[batch:]
         else:
-            for j in [j for j in waiting if pred[j] is None or done[pred[j]]][:batch - len(live)]:
+            # a turn starts once its episode's previous turn is done and has been called once more
+            # (its last tokens reached the drafters): the agent sends it after the answer came back
+            ready = [j for j in waiting if pred[j] is None or (done[pred[j]] and pred[j] not in finishing)]
+            for j in ready[:batch - len(live)]:
                 live.append(j)
                 waiting.remove(j)
         active = list(live)

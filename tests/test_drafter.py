@@ -344,10 +344,10 @@ def test_a_row_that_raises_gets_no_draft_and_is_counted(tok, monkeypatch, caplog
 
 
 def _raising_init(real):
-    def init(self, drafter, ids):
+    def init(self, drafter, ids, *args):
         if int(ids[-1]) == 999_999_999:
             raise RuntimeError("boom")
-        real(self, drafter, ids)
+        real(self, drafter, ids, *args)
     return init
 
 

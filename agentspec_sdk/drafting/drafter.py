@@ -30,10 +30,11 @@ import numpy as np
 
 from agentspec_sdk.drafting.budget import TokenRate, allocate, fixed, row_prices
 from agentspec_sdk.drafting.candidates import CandidateBuilder, _tool_call_grammar
+from agentspec_sdk.drafting.fingerprint import prefix_hashes
 from agentspec_sdk.drafting.forced import CallMatcher
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.records import Accounting, PendingDraft, agreement, resolve
-from agentspec_sdk.drafting.rows import Candidate, RowContext, RowInput, RowState
+from agentspec_sdk.drafting.rows import Candidate, Parking, RowContext, RowInput, RowState
 from agentspec_sdk.drafting.suffix_source import SuffixTrees
 from agentspec_sdk.drafting.suffix_source import available as suffix_available
 from agentspec_sdk.drafting.tokenizer import MemoTokenizer, ll_tokenizer, turn_markers
@@ -74,6 +75,9 @@ class StructureDrafter(CandidateBuilder):
         end = self.turn_end.encode("utf-8") if self.turn_end else None
         self.end_ids = frozenset(i for i, b in enumerate(self.token_bytes.table) if end and b == end)
         self._rows: list[RowState | None] = []
+        # rows that left the batch, for their episode's next turn to continue (`_new_row`)
+        self.parked = Parking()
+        self.continued = 0  # new rows that took over a parked row's state
         self.trees: SuffixTrees | None = None
         self.suffix_chosen = 0  # rows whose draft came from the suffix trees
         # (own's segment kind, own's source) -> what the row's choice adds to own's worth (_judge_choice)
@@ -121,6 +125,7 @@ class StructureDrafter(CandidateBuilder):
         self._proto: dict[tuple, CallMatcher] = {}
         self._forget_rows(self._rows)
         self._rows = []  # formats or tools changed: rebuild every row's state
+        self.parked.clear()
         if plan.suffix_trees and self.trees is not None:  # the knobs apply from the next step on
             self.trees.max_spec_factor = plan.suffix_max_spec_factor
             self.trees.min_token_prob = plan.suffix_min_token_prob
@@ -202,8 +207,7 @@ class StructureDrafter(CandidateBuilder):
                 st = states[i]
                 ids = row.history()
                 if st is None:
-                    st = states[i] = RowState(self._row_context(), ids)
-                    self.accounting.rebuilds += 1
+                    st = states[i] = self._new_row(ids)
                 else:
                     self._resolve(st, ids, row.sampled)
                     st.advance(ids)
@@ -265,10 +269,21 @@ class StructureDrafter(CandidateBuilder):
                         free.discard(j)
                         break
         for j in free:
-            if old[j] is not None and old[j].pending is not None:
-                self.accounting.dropped += 1
-        self._forget_rows([old[j] for j in free])
+            if old[j] is not None:
+                if old[j].pending is not None:
+                    self.accounting.dropped += 1
+                self.parked.park(old[j])
         return out
+
+    def _new_row(self, ids: np.ndarray) -> RowState:
+        """A row the drafter has not followed: it continues a parked row (its episode's previous
+        turn) or is built from its history."""
+        ids = np.asarray(ids, dtype=np.int64)
+        hashes = prefix_hashes(ids)
+        prev = self.parked.take(ids, hashes)
+        self.accounting.rebuilds += 1
+        self.continued += prev is not None
+        return RowState(self._row_context(), ids, prev, hashes)
 
     @staticmethod
     def _forget_rows(rows) -> None:
@@ -376,6 +391,7 @@ class StructureDrafter(CandidateBuilder):
     def stats(self) -> dict:
         return {**self.accounting.stats(), "plan_version": self.plan.version,
                 "suffix_trees": self.trees is not None, "suffix_chosen": self.suffix_chosen,
+                "continued": self.continued, "parked": len(self.parked),
                 "choice_bias": {f"{kind}/{source}": round(v, 3)
                                 for (kind, source), v in self.choice_bias.items()},
                 "grammar_error": self.grammar_error, "delta": self.price - self.plan.d,

@@ -57,6 +57,13 @@ class RollingHash:
             h._power = pow(PRIME, h.length, 1 << 64)
         return h
 
+    @classmethod
+    def at(cls, value: int, length: int) -> RollingHash:
+        """The hash of a history of `length` tokens whose H is `value` (from `prefix_hashes`)."""
+        h = cls()
+        h.value, h.length, h._power = value, length, pow(PRIME, length, 1 << 64)
+        return h
+
     def extend(self, token_ids: Sequence[int] | np.ndarray) -> int:
         value, power = self.value, self._power
         for t in token_ids:

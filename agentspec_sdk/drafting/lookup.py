@@ -90,17 +90,38 @@ class CorpusIndex:
         if self.DIRECT < n < _MAX_OFFSET and (self._tables is None or self._indexed < n):
             self._build()
 
+    @classmethod
+    def extending(cls, base: CorpusIndex, text: str) -> CorpusIndex:
+        """An index over `text` that takes over `base`'s gram tables where the text `base` indexed is
+        the beginning of `text` (a row continuing its episode's previous turn: its prompt begins with
+        that turn's prompt), so `prepare` indexes only the grams that end in the new text. The tables
+        are those a new index over `text` builds."""
+        out = cls(text)
+        indexed = base._indexed
+        if base._tables is not None and indexed <= len(text) and text.startswith(base.text[:indexed]):
+            out._tables, out._indexed = base._tables, indexed
+        return out
+
     def _build(self) -> None:
+        """Index every gram of the text: the grams ending after `_indexed` merged into the tables
+        (sorted arrays are never changed in place: an index that took them over keeps its own)."""
+        n = len(self.text)
+        old, start = (self._tables, self._indexed) if self._tables is not None else ({}, 0)
         self._tables = {}
-        self._indexed = len(self.text)
-        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        self._indexed = n
         for gram in (self.SHORT, self.LONG):
+            first = max(0, start - gram + 1)  # the earliest window that ends after `start`
+            codes = np.frombuffer(self.text[first:].encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
             if len(codes) < gram:
-                self._tables[gram] = np.zeros(0, np.uint64)
-                continue
-            keys = _gram_keys(codes, gram)
-            ends = np.arange(gram, len(codes) + 1, dtype=np.uint64)
-            self._tables[gram] = np.sort((keys << _OFFSET_BITS) | ends)
+                new = np.zeros(0, np.uint64)
+            else:
+                keys = _gram_keys(codes, gram)
+                ends = np.arange(first + gram, n + 1, dtype=np.uint64)
+                new = np.sort((keys << _OFFSET_BITS) | ends)
+            kept = old.get(gram)
+            if kept is not None and len(kept):
+                new = np.insert(kept, np.searchsorted(kept, new), new) if len(new) else kept
+            self._tables[gram] = new
 
     def _ends(self, gram: int, key: str, end: int) -> list[int]:
         """End offsets (at most `end`) of the occurrences of `key`'s hash, the most recent `CAP`,

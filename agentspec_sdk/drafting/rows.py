@@ -77,42 +77,102 @@ class RowState:
     """Cached state of one request's row. Per step it does work in the tokens the row gained, not in
     its history: the prompt's text is decoded and indexed once (`HistoryText.freeze`,
     `lookup.CorpusIndex`), the segmenter and the suffix tree are fed the new tokens only, and a row
-    is recognised by its length and its last `TAIL` tokens."""
+    is recognised by its length and its last `TAIL` tokens.
+
+    A row whose history begins with the whole history of a row that left the batch (`prev`: an
+    agent's next turn, which resends the previous turn's prompt and output) takes that row's state
+    over and works only in the tokens between (`_continue`): the decoded text, the prompt tree, the
+    prompt's gram index and the corpora of the earlier model turns are those a new row builds."""
 
     __slots__ = ("tail", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
-                 "call", "call_start", "pending", "contest", "trees", "tree_key")
+                 "call", "call_start", "pending", "contest", "trees", "tree_key", "prompt_pieces",
+                 "last_turn")
 
-    def __init__(self, drafter: RowContext, ids: np.ndarray):
+    def __init__(self, drafter: RowContext, ids: np.ndarray, prev: RowState | None = None,
+                 hashes: np.ndarray | None = None):
+        """`hashes`: `fingerprint.prefix_hashes(ids)` where the caller has them."""
         ids = np.asarray(ids, dtype=np.int64)
         self.tail = ids[-TAIL:].copy()
         self.n = len(ids)
         self.trees = drafter.trees
-        self.tree_key = self.trees.start(ids) if self.trees is not None else -1
-        self.hash = RollingHash.of(ids)
-        self.text = HistoryText(drafter.token_bytes)
-        self.text.extend(ids.tolist())
-        full = self.text.text
-        at = full.rfind(drafter.turn_start)
-        self.turn_char = at + len(drafter.turn_start) if at >= 0 else 0
-        self.text.freeze(self.turn_char)
-        self.prompt_text = CorpusIndex(full[: self.turn_char])
-        self.fmt = drafter.pick_format(full[: self.turn_char])
-        pieces: dict[str, list[str]] = {}
-        for turn in model_turns(full[: self.turn_char], drafter.turn_start, drafter.turn_end):
-            for span in segment(self.fmt, turn):
-                if span.end > span.start:
-                    pieces.setdefault(span.kind, []).append(turn[span.start:span.end] + SEPARATOR)
-        self.corpora: dict[str, CorpusIndex] = {k: CorpusIndex("".join(v)) for k, v in pieces.items()}
-        for corpus in (self.prompt_text, *self.corpora.values()):
-            corpus.prepare()
+        self.hash = RollingHash.of(ids) if hashes is None else RollingHash.at(int(hashes[-1]), len(ids))
+        if prev is None or not self._continue(drafter, ids, prev):
+            self._build(drafter, ids)
         self.seg = Segmenter(self.fmt)
-        self._feed(full[self.turn_char:])
+        self._feed(self.text.slice(self.turn_char))
         self.call: CallMatcher | None = None
         self.call_start = -1
         self.pending: PendingDraft | None = None
         # the row's source choice this step, judged when the target's tokens come (drafter._resolve):
         # (choice key, the tree was chosen, the passed-over candidate's tokens as the budget would send them)
         self.contest: tuple | None = None
+
+    def _build(self, drafter: RowContext, ids: np.ndarray) -> None:
+        self.tree_key = self.trees.start(ids) if self.trees is not None else -1
+        self.text = HistoryText(drafter.token_bytes)
+        self.text.extend(ids.tolist())
+        full = self.text.text
+        self._split(drafter, full)
+        self.prompt_text = CorpusIndex(full[: self.turn_char])
+        self.fmt = drafter.pick_format(full[: self.turn_char])
+        self._index_turns(drafter, full[: self.turn_char], 0, {})
+
+    def _continue(self, drafter: RowContext, ids: np.ndarray, prev: RowState) -> bool:
+        """Take `prev`'s state over (its history is `ids[:prev.n]`); False, with `prev` forgotten,
+        where the new turn does not follow `prev`'s as a new row would see it (another format, no
+        turn marker after `prev`'s turn): the caller builds the row anew."""
+        self.text = text = prev.text
+        text.extend(ids[prev.n:].tolist())
+        full = text.text
+        self._split(drafter, full)
+        prompt = full[: self.turn_char]
+        previous_turn = prev.turn_char - len(drafter.turn_start)
+        fmt = drafter.pick_format(prompt)
+        if prev.last_turn != previous_turn or previous_turn < 0 or self.turn_char <= prev.turn_char \
+                or fmt is not prev.fmt:
+            prev.forget()
+            return False
+        self.fmt = fmt
+        self.tree_key = -1
+        if self.trees is not None:
+            key = self.trees.adopt(prev.tree_key, ids[prev.n:])
+            self.tree_key = key if key is not None else self.trees.start(ids)
+            if key is None:
+                prev.forget()
+        self.prompt_text = CorpusIndex.extending(prev.prompt_text, prompt)
+        self._index_turns(drafter, prompt, previous_turn, prev.prompt_pieces, prev.corpora)
+        return True
+
+    def _split(self, drafter: RowContext, full: str) -> None:
+        at = full.rfind(drafter.turn_start)
+        self.turn_char = at + len(drafter.turn_start) if at >= 0 else 0
+        self.text.freeze(self.turn_char)
+
+    def _index_turns(self, drafter: RowContext, prompt: str, start: int, pieces: dict[str, str],
+                     indexes: dict[str, CorpusIndex] | None = None) -> None:
+        """The lookup corpora of the prompt's model turns from character `start` on, after `pieces`
+        (per segment kind, the text of the turns before `start`; `indexes`: indexes whose indexed
+        text may begin those corpora), and the prompt's own index."""
+        found: dict[str, list[str]] = {}
+        begins = []
+        for begin, turn in turn_spans(prompt[start:], drafter.turn_start, drafter.turn_end):
+            begins.append(start + begin)
+            for span in segment(self.fmt, turn):
+                if span.end > span.start:
+                    found.setdefault(span.kind, []).append(turn[span.start:span.end] + SEPARATOR)
+        # where the scan of the whole prompt began its last turn: a continuing row's scan from there
+        # finds the turns a scan of its whole prompt finds
+        self.last_turn = begins[-1] - len(drafter.turn_start) if begins else -1
+        texts = dict(pieces)
+        for kind, more in found.items():
+            texts[kind] = texts.get(kind, "") + "".join(more)
+        self.prompt_pieces = texts
+        indexes = indexes or {}
+        self.corpora: dict[str, CorpusIndex] = {
+            k: CorpusIndex.extending(indexes[k], v) if k in indexes else CorpusIndex(v)
+            for k, v in texts.items()}
+        for corpus in (self.prompt_text, *self.corpora.values()):
+            corpus.prepare()
 
     def matches(self, ids: np.ndarray, max_growth: int) -> bool:
         n = self.n
@@ -161,14 +221,76 @@ class RowState:
             self.trees.stop(self.tree_key)
 
 
-def model_turns(prompt: str, turn_start: str, turn_end: str) -> list[str]:
-    """Texts of the earlier model turns in a rendered prompt (between turn start and turn end)."""
+PARKED_ROWS = 256  # rows kept after they leave the batch, for their episode's next turn (`Parking`)
+PARKED_TOKENS = 1_000_000  # and their histories' tokens at most (a prompt tree: ≈ 0.3 KB per token)
+
+
+class Parking:
+    """Row states that left the batch, kept for the next turn of their episode (`take`): at most
+    `max_rows` of them and `max_tokens` tokens of history, the oldest forgotten first. A new row
+    takes the parked state with the longest history that its own history begins with (same length,
+    prefix hash and last `TAIL` tokens)."""
+
+    def __init__(self, max_rows: int = PARKED_ROWS, max_tokens: int = PARKED_TOKENS):
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self._rows: list[RowState | None] = [None] * max_rows
+        self._lengths = np.zeros(max_rows, dtype=np.int64)  # 0: a free slot
+        self._hashes = np.zeros(max_rows, dtype=np.uint64)
+        self._order: list[int] = []  # occupied slots, oldest first
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def park(self, st: RowState) -> None:
+        if self.max_rows == 0 or st.n == 0:
+            st.forget()
+            return
+        while self._order and (len(self._order) >= self.max_rows or self.tokens + st.n > self.max_tokens):
+            self._remove(self._order[0]).forget()
+        slot = int(np.flatnonzero(self._lengths == 0)[0])
+        self._rows[slot] = st
+        self._lengths[slot], self._hashes[slot] = st.n, np.uint64(st.hash.value)
+        self._order.append(slot)
+        self.tokens += st.n
+
+    def take(self, ids: np.ndarray, hashes: np.ndarray) -> RowState | None:
+        """The parked state `ids` continues (`hashes`: `prefix_hashes(ids)`), removed; None if none."""
+        if not self._order:
+            return None
+        lengths = self._lengths
+        slots = np.flatnonzero((lengths > 0) & (lengths < len(ids)))
+        if not len(slots):
+            return None
+        slots = slots[hashes[lengths[slots] - 1] == self._hashes[slots]]
+        for slot in slots[np.argsort(-lengths[slots], kind="stable")].tolist():
+            st = self._rows[slot]
+            if np.array_equal(ids[st.n - len(st.tail):st.n], st.tail):
+                return self._remove(slot)
+        return None
+
+    def clear(self) -> None:
+        while self._order:
+            self._remove(self._order[0]).forget()
+
+    def _remove(self, slot: int) -> RowState:
+        st = self._rows[slot]
+        self._rows[slot] = None
+        self._lengths[slot] = 0
+        self._order.remove(slot)
+        self.tokens -= st.n
+        return st
+
+
+def turn_spans(prompt: str, turn_start: str, turn_end: str) -> list[tuple[int, str]]:
+    """(character offset, text) of the earlier model turns in a rendered prompt (between turn start
+    and turn end)."""
     turns = []
     at = prompt.find(turn_start)
     while at >= 0:
         begin = at + len(turn_start)
         end = prompt.find(turn_end, begin) if turn_end else -1
         end = len(prompt) if end < 0 else end
-        turns.append(prompt[begin:end])
+        turns.append((begin, prompt[begin:end]))
         at = prompt.find(turn_start, end)
     return turns

@@ -1,0 +1,465 @@
+"""What each proposer costs per step at the batch sizes agents are served at: vLLM's ngram, vLLM's
+suffix and the structure drafter, side by side on the same captured turns, no engine.
+
+Rows are the captured turns of a turns file (`tests/data/*_turns.json`, or one `benchmarks/
+offline_drafting.py --capture` wrote), copied as distinct episodes until `--batch` rows can run at once
+(each copy keeps its episode order: a turn starts once its episode's previous turn has finished, as
+the engine runs agents). The rows live in one `[rows, max_len]` token array as vLLM's input batch
+holds them: a new row takes the first free slot, a finished row's slot is filled by the last row
+(vLLM's `condense`), so the drafters see rows move. Every step each mode's proposer is called with
+every live row (and, once more, the rows that finished in the step before: vLLM calls the proposer
+with a finishing row's last tokens); the draft is trimmed by the turn's grammar as vLLM trims it,
+and greedy verification against the recorded output decides what is accepted (at temperature 0 the
+target writes the same tokens whatever was drafted). The modes step in turn (one step of each, then
+the next), so a burst of load falls on all of them.
+
+Per mode, set and batch size: ms per step (median, p90) of the proposer call, all of it and
+"steady" (less the time spent building new rows and tearing down finished ones: structure's
+`RowState` set-up, continued or built, and `forget` of a row its parking lets go, the suffix cache's
+`start_request`, `stop_request` and evictions; structure's trees are torn down by a reaper thread
+while the target's pass runs, here between steps, outside the timed call),
+µs per row (steady, median over steps), ms per new row and per finished row, drafted and accepted
+tokens per step, and the steps with all `--batch` rows live. The proposer's share of an assumed
+GPU pass: `--gpu-pass-ms` (default: a 32B BF16 target on one H200, 64 GB of weights read at
+4.8 TB/s = 13 ms, plus attention and the KV cache growing with the batch: 15 ms at 8 rows, 20 ms at
+64; an estimate, not a measurement; give your own per batch size, e.g. `8:12,64:18`).
+
+Copies of one episode are identical, so the suffix trees (suffix's and structure's) see a copy's
+answers before the later copies write them: acceptance is higher than on distinct traffic. The
+figures are per-step costs, not acceptance figures (benchmarks/offline_drafting.py is that).
+
+  python benchmarks/proposer_scale.py                                 # the three bundled sets, B 8..128
+  python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --profile 20   # cProfile structure
+  python benchmarks/proposer_scale.py --turns long.json --batch 8,64 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+SETS = {"tool_calls": DATA / "tool_calls_turns.json", "react": DATA / "react_turns.json",
+        "code": DATA / "code_turns.json"}
+MODES = ("ngram", "suffix", "structure")
+# assumed ms of one target pass on the GPU by batch size (see the module docstring)
+GPU_PASS_MS = {8: 15.0, 32: 17.0, 64: 20.0, 128: 25.0}
+MAX_LEN = 16384
+PROFILE_SORT = "tottime"
+
+
+class Clock:
+    """Seconds spent in wrapped calls since the last `take()`."""
+
+    def __init__(self):
+        self.spent, self.calls = 0.0, 0
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent += time.perf_counter() - t
+                self.calls += 1
+        return timed
+
+    def take(self) -> tuple[float, int]:
+        out = (self.spent, self.calls)
+        self.spent, self.calls = 0.0, 0
+        return out
+
+
+# -- the three proposers, each as vLLM calls it ------------------------------------------------------
+
+class Ngram:
+    """vLLM's `NgramProposer` (n 2..5, numba, one thread as vLLM sets it), built without a vLLM config."""
+
+    def __init__(self, gamma: int, rows: int):
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        cfg = SimpleNamespace(
+            speculative_config=SimpleNamespace(prompt_lookup_min=2, prompt_lookup_max=5,
+                                               num_speculative_tokens=gamma),
+            model_config=SimpleNamespace(max_model_len=MAX_LEN),
+            scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 1024)),
+            parallel_config=SimpleNamespace(tensor_parallel_size=1))
+        self.proposer = NgramProposer(cfg)
+        self.gamma = gamma
+        self.setup, self.teardown = Clock(), Clock()
+
+    def __call__(self, sampled, num_tokens, token_ids, keys, prompt_lens) -> list[list[int]]:
+        return self.proposer.propose(self.gamma, sampled, num_tokens, token_ids)
+
+    def finished(self, key) -> None:
+        pass
+
+
+class Suffix:
+    """vLLM 0.32's `SuffixDecodingProposer` on arctic-inference's `SuffixDecodingCache` (vLLM's
+    defaults): a request's prompt tree starts at its first step, every step adds the tokens sampled
+    since, the pattern is the last 24 tokens; a finished request is stopped."""
+
+    def __init__(self, gamma: int, rows: int):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
+        self.gamma, self.depth = gamma, 24
+        self.setup, self.teardown = Clock(), Clock()
+        self.cache.start_request = self.setup.wrap(self.cache.start_request)
+        self.cache.evict_cached_response = self.setup.wrap(self.cache.evict_cached_response)
+        self.cache.stop_request = self.teardown.wrap(self.cache.stop_request)
+
+    def __call__(self, sampled, num_tokens, token_ids, keys, prompt_lens) -> list[list[int]]:
+        cache, drafts = self.cache, []
+        for i, new in enumerate(sampled):
+            key, n = keys[i], int(num_tokens[i])
+            if not new:
+                drafts.append([])
+                continue
+            if key not in cache.active_requests:
+                if key in cache.cached_requests:
+                    cache.evict_cached_response(key)
+                cache.start_request(key, token_ids[i, :prompt_lens[i]])
+            cache.add_active_response(key, new)
+            pattern = token_ids[i, max(0, n - self.depth):n]
+            draft = cache.speculate(key, pattern, max_spec_tokens=min(self.gamma, MAX_LEN - n - 1),
+                                    max_spec_factor=1.0, min_token_prob=0.1)
+            drafts.append(draft.token_ids)
+        return drafts
+
+    def finished(self, key) -> None:
+        if key in self.cache.active_requests:
+            self.cache.stop_request(key)
+
+
+class Structure:
+    """The product's `StructureDrafter` through the adapter vLLM instantiates (`RowInput` per row:
+    the row of the token array, `num_tokens_no_spec`, sampled count), priced at `delta` per drafted
+    token as benchmarks/offline_drafting.py prices it."""
+
+    def __init__(self, gamma: int, rows: int, tools: list[dict], delta: float):
+        from transformers import AutoTokenizer
+
+        from agentspec_sdk.backends.model_bundle import resolve_model
+        from agentspec_sdk.drafting import rows as rows_module
+        from agentspec_sdk.drafting.budget import sequence_price
+        from agentspec_sdk.drafting.drafter import StructureDrafter
+        from agentspec_sdk.drafting.plan import DraftPlan
+        from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+
+        self.RowInput = rows_module.RowInput
+        model = resolve_model(None)
+        plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model,
+                         gamma_max=gamma, learn_delta=False, delta=sequence_price(delta, rows), delta_ctx=0.0)
+        self.drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model))
+        self.setup, self.teardown = Clock(), Clock()
+        # the benchmark's own timers around a row's set-up and teardown (restored by `close`)
+        self._rows_module = rows_module
+        self._saved = rows_module.RowState.__init__, rows_module.RowState.forget
+        rows_module.RowState.__init__ = self.setup.wrap(self._saved[0])
+        rows_module.RowState.forget = self.teardown.wrap(self._saved[1])
+
+    def __call__(self, sampled, num_tokens, token_ids, keys, prompt_lens) -> list[list[int]]:
+        rows = [self.RowInput(token_ids[i], int(num_tokens[i]), bool(new), len(new))
+                for i, new in enumerate(sampled)]
+        return self.drafter.propose(rows)
+
+    def finished(self, key) -> None:
+        pass
+
+    def close(self) -> None:
+        self._rows_module.RowState.__init__, self._rows_module.RowState.forget = self._saved
+
+
+# -- the replay ---------------------------------------------------------------------------------------
+
+def episode_order(turns: list[dict]) -> list[int | None]:
+    """Each turn's previous turn in its episode (benchmarks/offline_drafting.py's `predecessors`)."""
+    out: list[int | None] = []
+    for j, t in enumerate(turns):
+        best = None
+        for i in range(j):
+            n = len(turns[i]["prompt"])
+            if len(t["prompt"]) > n and t["prompt"][:n] == turns[i]["prompt"] \
+                    and (best is None or n > len(turns[best]["prompt"])):
+                best = i
+        out.append(best)
+    return out
+
+
+def copies(turns: list[dict], count: int) -> tuple[list[dict], list[int | None]]:
+    """`count` copies of the turns, each copy its own episodes (predecessors inside the copy)."""
+    pred = episode_order(turns)
+    out, preds = [], []
+    for c in range(count):
+        base = c * len(turns)
+        out.extend(dict(t) for t in turns)  # distinct dicts: the grammar trim keys its matchers by turn
+        preds.extend(None if p is None else base + p for p in pred)
+    return out, preds
+
+
+class Replay:
+    """One mode's replay of the rows, one step at a time (`step`)."""
+
+    def __init__(self, name: str, proposer, turns: list[dict], preds: list, batch: int, trim):
+        self.name, self.proposer, self.turns, self.preds, self.batch, self.trim = \
+            name, proposer, turns, preds, batch, trim
+        self.token_ids = np.zeros((batch, MAX_LEN), dtype=np.int32)
+        self.slots: list[int] = []  # slot -> turn index
+        self.pos = [1] * len(turns)  # the first output token comes from the prefill pass
+        self.told = [0] * len(turns)
+        self.done = [len(t["out"]) <= 1 for t in turns]
+        self.waiting = [j for j in range(len(turns)) if not self.done[j]]
+        self.finishing: list[int] = []  # turns that finished in the step before (called once more)
+        self.steps: list[dict] = []
+
+    def _admit(self) -> int:
+        new = 0
+        # a turn starts once its episode's previous turn is done and has been called once more (the
+        # agent sends it after the answer came back)
+        ready = [j for j in self.waiting if self.preds[j] is None
+                 or (self.done[self.preds[j]] and self.preds[j] not in self.finishing)]
+        for j in ready[: self.batch - len(self.slots)]:
+            self.waiting.remove(j)
+            turn = self.turns[j]
+            self.token_ids[len(self.slots), : len(turn["prompt"])] = turn["prompt"]
+            self.slots.append(j)
+            new += 1
+        return new
+
+    def step(self) -> bool:
+        """One engine step; False when every turn is done."""
+        if not self.slots and not self.waiting and not self.finishing:
+            return False
+        new_rows = self._admit()
+        called = self.slots + self.finishing
+        sampled, num_tokens, keys, prompt_lens = [], np.zeros(len(called), np.int32), [], []
+        ids = self.token_ids
+        if self.finishing:  # a finishing row's slot is gone: its last history rides in extra rows
+            ids = np.vstack([self.token_ids[: len(self.slots)],
+                             np.zeros((len(self.finishing), MAX_LEN), np.int32)])
+        for r, j in enumerate(called):
+            turn = self.turns[j]
+            n = len(turn["prompt"]) + self.pos[j]
+            ids[r, len(turn["prompt"]): n] = turn["out"][: self.pos[j]]
+            if r >= len(self.slots):
+                ids[r, : len(turn["prompt"])] = turn["prompt"]
+            num_tokens[r] = n
+            sampled.append([int(t) for t in turn["out"][self.told[j]: self.pos[j]]])
+            keys.append(j)
+            prompt_lens.append(len(turn["prompt"]))
+        for r in range(len(self.slots), len(called)):  # nothing to draft after the last token
+            sampled[r] = sampled[r] or []
+        _drain_reaper()
+        self.proposer.setup.take()
+        self.proposer.teardown.take()
+        t = time.perf_counter()
+        drafts = self.proposer(sampled, num_tokens, ids, keys, prompt_lens)
+        for j in self.finishing:
+            self.proposer.finished(j)
+        spent = time.perf_counter() - t
+        setup, built = self.proposer.setup.take()
+        teardown, torn = self.proposer.teardown.take()
+        finished_before = len(self.finishing)
+        self.finishing = []
+        drafted = accepted = 0
+        live = list(self.slots)
+        for r, j in enumerate(live):
+            turn = self.turns[j]
+            self.told[j] = self.pos[j]
+            draft = [int(x) for x in drafts[r]]
+            if self.trim is not None:
+                draft = self.trim(turn, self.pos[j], draft)
+            truth = turn["out"][self.pos[j]:]
+            a = 0
+            while a < len(draft) and a < len(truth) and draft[a] == truth[a]:
+                a += 1
+            drafted += len(draft)
+            accepted += a
+            self.pos[j] = min(len(turn["out"]), self.pos[j] + a + 1)
+            if self.pos[j] >= len(turn["out"]):
+                self.done[j] = True
+                self.finishing.append(j)
+        for j in self.finishing:  # vLLM's condense: the last row fills the hole
+            slot = self.slots.index(j)
+            last = len(self.slots) - 1
+            if slot != last:
+                self.token_ids[slot] = self.token_ids[last]
+                self.slots[slot] = self.slots[last]
+            self.slots.pop()
+        self.steps.append({"rows": len(live), "called": len(called), "s": spent,
+                           "steady_s": max(0.0, spent - setup - teardown), "new": new_rows,
+                           "finished": finished_before, "setup_s": setup, "built": built,
+                           "teardown_s": teardown, "torn": torn, "drafted": drafted, "accepted": accepted})
+        return True
+
+
+def _drain_reaper() -> None:
+    """Wait until the structure drafter's reaper has torn down the trees handed to it: in the engine
+    it does so during the target's pass, which releases the GIL (≥ 15 ms on the GPU against ≤ 1 ms
+    of teardown); here, between steps, outside the timed call."""
+    from agentspec_sdk.drafting.suffix_source import _REAPER
+
+    while _REAPER.pending:
+        time.sleep(0.0002)
+
+
+def grammar_trim(grammars: list[str]):
+    if not grammars:
+        return None
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from offline_drafting import GrammarTrim
+
+    return GrammarTrim(grammars)
+
+
+def summary(steps: list[dict], batch: int) -> dict:
+    ms = np.array([s["s"] for s in steps]) * 1e3
+    steady = np.array([s["steady_s"] for s in steps]) * 1e3
+    rows = np.array([max(1, s["called"]) for s in steps])
+    full = [s for s in steps if s["rows"] == batch]
+    built = sum(s["built"] for s in steps)
+    torn = sum(s["torn"] for s in steps)
+    return {
+        "steps": len(steps), "full_steps": len(full),
+        "ms": float(np.median(ms)), "ms_p90": float(np.percentile(ms, 90)),
+        "steady_ms": float(np.median(steady)), "steady_ms_p90": float(np.percentile(steady, 90)),
+        "full_ms": float(np.median([s["s"] for s in full]) * 1e3) if full else None,
+        "full_steady_ms": float(np.median([s["steady_s"] for s in full]) * 1e3) if full else None,
+        "us_per_row": float(np.median(steady * 1e3 / rows)),
+        "new_row_ms": 1e3 * sum(s["setup_s"] for s in steps) / built if built else None,
+        "finished_row_ms": 1e3 * sum(s["teardown_s"] for s in steps) / torn if torn else None,
+        "drafted_per_step": float(np.mean([s["drafted"] for s in steps])),
+        "accepted_per_step": float(np.mean([s["accepted"] for s in steps])),
+        "passes": int(sum(s["rows"] for s in steps)),
+        "drafted": int(sum(s["drafted"] for s in steps)),
+        "accepted": int(sum(s["accepted"] for s in steps)),
+    }
+
+
+def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...], delta: float,
+        max_steps: int, profile: int = 0) -> dict:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    turns = data["turns"]
+    mean_steps = max(1.0, np.mean([len(t["out"]) for t in turns]) / 4)  # a row's life in steps, roughly
+    count = max(2, math.ceil(batch * min(max_steps, 60) / mean_steps / len(turns)))
+    rows, preds = copies(turns, count)
+    built = {"ngram": lambda: Ngram(gamma, batch), "suffix": lambda: Suffix(gamma, batch),
+             "structure": lambda: Structure(gamma, batch, data.get("tools", []), delta)}
+    replays = [Replay(m, built[m](), rows, preds, batch, grammar_trim(data.get("grammars", [])))
+               for m in modes]
+    load = os.getloadavg()[0]
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    live = list(replays)
+    while live:
+        for rep in list(live):
+            if len(rep.steps) >= max_steps:
+                live.remove(rep)
+                continue
+            prof = profiler is not None and rep.name == "structure" and len(rep.steps) >= profile
+            if prof:
+                profiler.enable()
+            going = rep.step()
+            if prof:
+                profiler.disable()
+            if not going:
+                live.remove(rep)
+    for rep in replays:
+        if hasattr(rep.proposer, "close"):
+            rep.proposer.close()
+    out = {"set": set_name, "batch": batch, "gamma": gamma, "copies": count, "turns": len(rows),
+           "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
+           "modes": {rep.name: summary(rep.steps, batch) for rep in replays}}
+    if profiler is not None:
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats(PROFILE_SORT).print_stats(60)
+        out["profile"] = buf.getvalue()
+    return out
+
+
+def gpu_pass_ms(spec: str | None) -> dict[int, float]:
+    if not spec:
+        return dict(GPU_PASS_MS)
+    out = {}
+    for part in spec.split(","):
+        b, _, ms = part.partition(":")
+        out[int(b)] = float(ms)
+    return out
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def table(results: list[dict], passes: dict[int, float]) -> str:
+    lines = ["| set | B | mode | ms/step all (p90) | steady (p90) | µs/row steady | new row ms | "
+             "finished row ms | drafted/step | accepted/step | ÷ suffix all / steady | GPU pass share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        suffix = res["modes"].get("suffix")
+        for mode, m in res["modes"].items():
+            vs = (f"{m['ms'] / suffix['ms']:.2f} / {m['steady_ms'] / suffix['steady_ms']:.2f}"
+                  if suffix and suffix["ms"] > 0 and suffix["steady_ms"] > 0 else "–")
+            gpu = passes.get(res["batch"])
+            share = f"{100 * m['ms'] / gpu:.0f}% of {gpu:g} ms" if gpu else "–"
+            lines.append(
+                f"| {res['set']} | {res['batch']} | {mode} | {_fmt(m['ms'])} ({_fmt(m['ms_p90'])}) | "
+                f"{_fmt(m['steady_ms'])} ({_fmt(m['steady_ms_p90'])}) | {_fmt(m['us_per_row'], 0)} | "
+                f"{_fmt(m['new_row_ms'])} | {_fmt(m['finished_row_ms'])} | "
+                f"{_fmt(m['drafted_per_step'], 1)} | {_fmt(m['accepted_per_step'], 1)} | {vs} | {share} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default=",".join(SETS), help="bundled turn sets: " + ", ".join(SETS))
+    ap.add_argument("--turns", action="append", default=[], help="another turns file (repeatable)")
+    ap.add_argument("--batch", default="8,32,64,128")
+    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--delta", type=float, default=0.2, help="price of a drafted token per row (passes)")
+    ap.add_argument("--max-steps", type=int, default=80, help="steps per mode, set and batch size")
+    ap.add_argument("--gpu-pass-ms", default=None, help="assumed GPU pass ms by batch size, e.g. 8:15,64:20")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile structure's steps from this step on")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    sets = {name: SETS[name] for name in args.sets.split(",") if name}
+    for extra in args.turns:
+        sets[Path(extra).stem] = Path(extra)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    results = []
+    for name, path in sets.items():
+        for batch in (int(b) for b in args.batch.split(",")):
+            res = run(name, path, batch, args.gamma, modes, args.delta, args.max_steps, args.profile)
+            results.append(res)
+            print(f"{name} B {batch}: load {res['load_before']} -> {res['load_after']}, "
+                  f"{res['copies']} copies", flush=True)
+            if "profile" in res:
+                print(res["profile"])
+    passes = gpu_pass_ms(args.gpu_pass_ms)
+    print(table(results, passes))
+    print(f"\nγ {args.gamma}; GPU pass assumed (ms by B): {passes}; 1-minute load "
+          f"{min(r['load_before'] for r in results)}–{max(r['load_after'] for r in results)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
