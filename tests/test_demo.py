@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -17,12 +18,12 @@ def demo_report(tmp_path_factory):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, json.loads((out / "report.json").read_text()), proc.stdout
+    return out, json.loads((out / "report.json").read_text()), proc.stdout, proc.stderr
 
 
 @pytest.mark.engine
 def test_demo_writes_report_table_and_plots(demo_report):
-    out, rep, stdout = demo_report
+    out, rep, stdout, _ = demo_report
     assert rep["schema"] == "agentspec-report/1" and rep["partial"] is False
     assert {p.name for p in out.iterdir()} >= {"report.json", "report.md", "tau_by_class.png",
                                                "saving_vs_schema_share.png"}
@@ -48,10 +49,25 @@ def test_demo_writes_report_table_and_plots(demo_report):
 
 
 @pytest.mark.engine
+def test_demo_keeps_vllms_output_in_its_log_and_shows_the_bar_and_the_result(demo_report):
+    out, _, stdout, stderr = demo_report
+    # the terminal: the progress bar on stderr (tqdm's updates, separated by carriage returns) ...
+    updates = [s for s in re.split(r"[\r\n]+", stderr) if s.strip()]
+    assert updates and updates[-1].startswith("demo: 100%"), stderr[-2000:]
+    assert [s for s in updates if not s.startswith("demo:")] == [], stderr[-4000:]
+    # ... and the result on stdout, which names the log
+    assert stdout.startswith("# AgentSpec report") and f"vLLM's log: {out / 'vllm.log'}" in stdout
+    # vLLM's own lines went to the log: its logging, and its engine-core processes' weight loader
+    log = (out / "vllm.log").read_text()
+    for line in ("INFO", "Loading safetensors checkpoint shards"):
+        assert line in log and line not in stdout + stderr, line
+
+
+@pytest.mark.engine
 def test_demo_interleaves_the_modes_and_keeps_the_pass_logs(demo_report):
     from agentspec_sdk.replay.passes import read_logs
 
-    out, rep, _ = demo_report
+    out, rep, _, _ = demo_report
     steps, passes = read_logs(out / "passes.jsonl")
     assert {mode for _, mode in passes} == {"off", "structure", "suffix"}
     # every engine replays arm D before any engine starts on the next arm: the modes compared on an
@@ -82,7 +98,7 @@ def test_demo_interleaves_the_modes_and_keeps_the_pass_logs(demo_report):
 
 @pytest.mark.engine
 def test_demo_report_is_internally_consistent(demo_report):
-    _, rep, _ = demo_report
+    _, rep, _, _ = demo_report
     for run in rep["runs"]:
         assert run["turns"] > 0 and run["errors"] == 0
         assert 0 <= run["accepted"] <= run["drafted"]
@@ -102,7 +118,7 @@ def test_demo_report_is_internally_consistent(demo_report):
 
 @pytest.mark.engine
 def test_demo_measures_suffix_as_a_peer_with_per_class_rows(demo_report):
-    _, rep, stdout = demo_report
+    _, rep, stdout, _ = demo_report
     runs = {r["mode"]: r for r in rep["runs"] if r["arm"] == "D"}
     suffix, structure, off = runs["suffix"], runs["structure"], runs["off"]
     assert suffix["drafted"] > 0 and suffix["accepted"] > 0
@@ -126,7 +142,7 @@ def test_demo_measures_suffix_as_a_peer_with_per_class_rows(demo_report):
 
 @pytest.mark.engine
 def test_demo_law_prediction_recomputes(demo_report):
-    _, rep, _ = demo_report
+    _, rep, _, _ = demo_report
     fit, lw = rep["law_fit"], rep["law"]
     assert lw["kappa"] == fit["kappa"] and lw["rho_s"] == fit["rho"]["S"]
     structure = next(r for r in rep["runs"] if r["mode"] == "structure")
@@ -179,4 +195,54 @@ def test_ctrl_c_leaves_a_valid_partial_report(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["partial"] is True and rep["runs"][0]["mode"] == "off" and rep["runs"][0]["turns"] > 0
     assert "PARTIAL" in (out / "report.md").read_text()
+    assert f"vLLM's log in {out / 'vllm.log'}" in proc.stderr.read()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+ENGINE_LOG_SCRIPT = r'''
+import logging, multiprocessing, os, subprocess, sys, warnings
+from pathlib import Path
+
+from agentspec_sdk.replay.engine_log import engine_log
+
+
+def child():  # an engine-core process: spawned, it inherits descriptors 1 and 2
+    print("spawned stdout", flush=True)
+    warnings.warn("spawned FutureWarning", FutureWarning)
+
+
+if __name__ == "__main__":
+    log = logging.getLogger("engine")  # as vLLM's handler: created at import, on the sys.stdout object
+    log.addHandler(logging.StreamHandler(sys.stdout))
+    with engine_log(Path(sys.argv[1])) as terminal:
+        print("python stdout")
+        warnings.warn("in-process FutureWarning", FutureWarning)
+        log.warning("logging on sys.stdout")
+        os.write(2, b"C-level stderr\n")  # torch's C++ warnings (NUMA binding)
+        subprocess.run([sys.executable, "-c", "import os; os.write(1, b'subprocess stdout\\n')"],
+                       check=True)
+        proc = multiprocessing.get_context("spawn").Process(target=child)
+        proc.start()
+        proc.join()
+        terminal.write("progress bar\n")
+    print("after, on stdout")
+    print("after, on stderr", file=sys.stderr)
+'''
+
+
+def test_engine_log_takes_every_process_output_and_leaves_the_terminal_the_bar(tmp_path):
+    """The redirection itself, in a process of its own (pytest's capture replaces sys.stdout)."""
+    script, log = tmp_path / "run.py", tmp_path / "out" / "vllm.log"
+    script.write_text(ENGINE_LOG_SCRIPT)
+    log.parent.mkdir()
+    log.write_text("a stale log of an earlier run\n")
+    proc = subprocess.run([sys.executable, str(script), str(log)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "after, on stdout\n"
+    assert proc.stderr == "progress bar\nafter, on stderr\n"
+    text = log.read_text()
+    for line in ("python stdout", "in-process FutureWarning", "logging on sys.stdout", "C-level stderr",
+                 "subprocess stdout", "spawned stdout", "spawned FutureWarning"):
+        assert line in text, line
+    assert "stale" not in text and "progress bar" not in text and "after" not in text

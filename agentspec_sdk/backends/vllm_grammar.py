@@ -54,27 +54,145 @@ def register() -> None:
 
 
 def patch_guidance(grammar_cls=None) -> None:
-    """Make `GuidanceGrammar.fill_bitmask` fill from a copy of the request's matcher (idempotent);
-    BackendError naming the vLLM version when the class is not laid out as in vLLM 0.32."""
+    """Make `GuidanceGrammar`'s matcher one that never rolls back (idempotent): a draft walk's tokens
+    go to a copy of it, dropped at the walk's rollback (or kept, where the tokens the request keeps
+    continue the walk); a rollback past the walk starts over from a copy of a matcher that never
+    computed a mask (module docstring). vLLM's own `fill_bitmask` and `validate_tokens` run on it
+    unchanged. BackendError naming the vLLM version when the class is not laid out as in vLLM 0.32."""
     if grammar_cls is None:
         from vllm.v1.structured_output.backend_guidance import GuidanceGrammar as grammar_cls
-    fill = getattr(grammar_cls, "fill_bitmask", None)
-    if fill is None or "ll_matcher" not in getattr(grammar_cls, "__dataclass_fields__", {}):
-        raise BackendError(f"vLLM {_vllm_version()}: {grammar_cls.__name__} has no fill_bitmask / "
-                           "ll_matcher; the exact-mask workaround cannot hook it")
-    if getattr(fill, _PATCHED, False):
+    methods = {name: getattr(grammar_cls, name, None) for name in _HOOKED}
+    fields = getattr(grammar_cls, "__dataclass_fields__", {})
+    if None in methods.values() or not {"ll_matcher", "terminated", "rollback_lag"} <= set(fields):
+        raise BackendError(f"vLLM {_vllm_version()}: {grammar_cls.__name__} has no "
+                           f"{' / '.join(_HOOKED)} or no ll_matcher / terminated / rollback_lag "
+                           "fields; the exact-mask workaround cannot hook it")
+    if getattr(methods["fill_bitmask"], _PATCHED, False):
         return
-    import llguidance.torch as llguidance_torch
+    fill, accept, rollback_past, reset_all = (methods[name] for name in _HOOKED)
 
-    @functools.wraps(fill)
     def fill_bitmask(self, bitmask, idx: int) -> None:
-        # a copy: the matcher that accepts and rolls back never computes a mask (module docstring)
-        llguidance_torch.fill_next_token_bitmask(self.ll_matcher.deep_copy(), bitmask, idx)
+        (self.__dict__.get(_MASKS) or _masks(self)).walking = True  # accepts up to a rollback: a walk's
+        fill(self, bitmask, idx)
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        masks = self.__dict__.get(_MASKS) or _masks(self)
+        if masks.walking:
+            if masks.kept is None:  # the walk's first tokens: from here on a copy walks
+                masks.kept, masks.walked = self.ll_matcher, []
+                self.ll_matcher = self.ll_matcher.deep_copy()
+            stopped = self.ll_matcher.is_stopped()
+            ok = accept(self, request_id, tokens)
+            if ok and not stopped:
+                masks.walked.extend(tokens)
+            return ok
+        if masks.last_walk is not None and masks.continue_walk(self, tokens):
+            return True
+        stopped = self.ll_matcher.is_stopped()
+        ok = accept(self, request_id, tokens)
+        if not stopped:  # consumed: the pristine matcher takes them when it is needed
+            masks.behind.append(list(tokens)) if ok else masks.lost()
+        return ok
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        masks = self.__dict__.get(_MASKS) or _masks(self)
+        back = num_tokens - self.rollback_lag  # what vLLM rolls its matcher back by
+        walk, walked = self.ll_matcher, masks.walked
+        if masks.kept is not None:
+            self.ll_matcher = masks.kept
+        masks.kept, masks.walked, masks.walking, masks.last_walk = None, [], False, None
+        if back > len(walked):  # past the walk, into kept tokens (vLLM 0.32 never does this)
+            if masks.pristine is None:  # lost (an error state): vLLM's own rollback
+                rollback_past(self, num_tokens - len(walked))
+                return
+            self.ll_matcher = masks.pristine_at(back - len(walked))
+            self.terminated, self.rollback_lag = False, 0  # what vLLM's rollback leaves
+            self.check_error()
+            return
+        self.terminated, self.rollback_lag = False, 0  # what vLLM's rollback leaves
+        if back < len(walked):  # the walk's first tokens stay: kept tokens now
+            stay = walked[:len(walked) - back]
+            if self.ll_matcher.consume_tokens(stay):
+                masks.behind.append(stay)
+            else:  # the walk took them: cannot happen
+                masks.lost()
+        elif walked:
+            masks.last_walk = walk, walked  # the next kept tokens may continue it
         self.check_error()
 
+    def reset(self):
+        masks = self.__dict__.get(_MASKS) or _masks(self)
+        if masks.pristine is not None:
+            self.ll_matcher = masks.pristine_reset()
+        reset_all(self)  # vLLM's (a matcher reset just now is reset again: a no-op)
+
+    for name, fn in zip(_HOOKED, (fill_bitmask, accept_tokens, rollback, reset), strict=True):
+        functools.update_wrapper(fn, methods[name])
+        setattr(grammar_cls, name, fn)
     setattr(fill_bitmask, _PATCHED, True)
-    grammar_cls.fill_bitmask = fill_bitmask
-    log.info("vLLM's llguidance masks are filled from a copy of each matcher (exact after rollbacks)")
+    log.info("vLLM's llguidance masks are computed by matchers that never roll back (exact after "
+             "draft walks)")
+
+
+_HOOKED = ("fill_bitmask", "accept_tokens", "rollback", "reset")
+_MASKS = "_agentspec_masks"
+
+
+class _Masks:
+    """One grammar's matchers besides `ll_matcher` (which never rolls back). `pristine`: the matcher
+    vLLM built, which never computes a mask, behind `ll_matcher`'s kept tokens by the chunks in
+    `behind` (consumed only when a rollback past a walk needs it); during a walk, `kept`: the matcher
+    at the kept tokens, while `ll_matcher` is its copy that consumed `walked`; `last_walk`: the walk
+    copy and its tokens from the walk's rollback to the next kept tokens."""
+
+    __slots__ = ("pristine", "behind", "kept", "walked", "walking", "last_walk")
+
+    def __init__(self, pristine):
+        self.pristine, self.behind = pristine, []
+        self.kept = self.last_walk = None
+        self.walked: list[int] = []
+        self.walking = False
+
+    def continue_walk(self, grammar, tokens: list[int]) -> bool:
+        """The kept tokens continue the last walk (a draft kept whole, then the bonus token): that
+        copy becomes the matcher, at the cost of the tokens past the walk."""
+        walk, walked = self.last_walk
+        self.last_walk = None
+        n = len(walked)
+        if (grammar.ll_tokenizer.eos_token in tokens or len(tokens) < n or list(tokens[:n]) != walked
+                or walk.is_stopped() or (len(tokens) > n and not walk.consume_tokens(list(tokens[n:])))):
+            return False  # the kept matcher takes them as vLLM does (a failed walk copy is dropped)
+        grammar.ll_matcher = walk
+        self.behind.append(list(tokens))
+        return True
+
+    def pristine_at(self, back: int):
+        """A copy of the pristine matcher at the kept tokens but the last `back`."""
+        for chunk in self.behind:
+            self.pristine.consume_tokens(chunk)
+        self.behind = []
+        self.pristine.rollback(back)
+        return self.pristine.deep_copy()
+
+    def pristine_reset(self):
+        self.behind, self.kept, self.walked, self.walking, self.last_walk = [], None, [], False, None
+        self.pristine.reset()
+        return self.pristine.deep_copy()
+
+    def lost(self) -> None:
+        """The kept matcher refused tokens (an error state, as vLLM's would be): the pristine matcher
+        follows it no more; a later rollback past a walk rolls the kept matcher back itself."""
+        self.pristine, self.behind = None, []
+
+
+def _masks(grammar) -> _Masks:
+    masks = grammar.__dict__.get(_MASKS)
+    if masks is None:  # the matcher vLLM built stays pristine; its copy computes the masks
+        masks = grammar.__dict__[_MASKS] = _Masks(grammar.ll_matcher)
+        grammar.ll_matcher = grammar.ll_matcher.deep_copy()
+    return masks
 
 
 def patch_slices(backend_cls=None) -> None:

@@ -198,6 +198,8 @@ class StructureDrafter(CandidateBuilder):
         errors, self._accepted_now = 0, 0
         self.step_ctx = float(np.mean([_context(r) for r in rows])) if rows else None
         states = self._match_rows(rows)
+        # what sizing will charge each row's draft tokens (its context is its history's length)
+        prices = self._prices(len(rows), [len(r.history()) for r in rows]) if rows else []
         candidates: list[Candidate | None] = [None] * len(rows)
         notes = [{} for _ in rows] if self.explain is not None else None
         for i, row in enumerate(rows):
@@ -211,7 +213,7 @@ class StructureDrafter(CandidateBuilder):
                 else:
                     self._resolve(st, ids, row.sampled)
                     st.advance(ids)
-                self.row_price = float(self._prices(len(rows), [st.n])[0])  # what sizing will charge
+                self.row_price = float(prices[i])
                 candidates[i] = self._row_candidate(i, st, notes[i] if notes is not None else None)
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1

