@@ -194,3 +194,77 @@ def test_a_text_tokenized_again_is_answered_from_memory():
     for text in ("c", "d", "e"):  # the fourth distinct text clears the memory
         memo.tokenize_str(text)
     assert memo.tokenize_str("ab") == [97, 98] and ll.calls == ["ab", "c", "d", "e", "ab"]
+
+
+class _Counting:
+    """Forwards to an llguidance object and counts the calls (a matcher's copies count too)."""
+
+    def __init__(self, obj, counts: dict, key: str):
+        self._obj, self._counts, self._key = obj, counts, key
+
+    def __getattr__(self, name):
+        attr = getattr(self._obj, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self._counts[self._key] += 1
+            out = attr(*args, **kwargs)
+            return _Counting(out, self._counts, self._key) if name == "deep_copy" else out
+        return call
+
+
+def test_per_row_work_at_64_rows_is_bounded(monkeypatch, tok):
+    """64 rows of captured tool-call turns (tests/data), six steps after the rows are built: per row
+    and step at most one tree update and two tree speculations, only the tokens the row gained
+    decoded, and a bounded number of calls into llguidance (matcher and tokenizer)."""
+    import json
+    from pathlib import Path
+
+    import llguidance
+
+    from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+
+    data = json.loads((Path(__file__).parent / "data" / "tool_calls_turns.json").read_text(encoding="utf-8"))
+    counts = dict.fromkeys(("matcher", "tokenizer", "tree_add", "tree_spec", "decoded"), 0)
+    real = llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: _Counting(real(*a, **k), counts, "matcher"))
+    plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=data["tools"], learn_delta=False)
+    drafter = StructureDrafter(plan, tok)
+    if drafter.trees is None:
+        pytest.skip("extra: cpu (arctic-inference)")
+    drafter.memo_tokenizer.ll = _Counting(drafter.memo_tokenizer.ll, counts, "tokenizer")
+    cache, extend = drafter.trees.cache, HistoryText.extend
+    add, speculate = cache.add_active_response, cache.speculate
+
+    def count(key, n=1):
+        counts[key] += n
+
+    monkeypatch.setattr(cache, "add_active_response", lambda *a, **k: count("tree_add") or add(*a, **k))
+    monkeypatch.setattr(cache, "speculate", lambda *a, **k: count("tree_spec") or speculate(*a, **k))
+    monkeypatch.setattr(HistoryText, "extend",
+                        lambda self, ids: count("decoded", len(ids)) or extend(self, ids))
+    turns = (data["turns"] * 4)[:64]
+    pos = [1] * len(turns)
+    drafter.propose([RowInput(np.asarray(t["prompt"] + t["out"][:1])) for t in turns])  # builds the rows
+    for key in counts:
+        counts[key] = 0
+    told = list(pos)  # where each row's history stood at its last call
+    row_steps = gained = 0
+    for _ in range(6):
+        live = [i for i in range(len(turns)) if pos[i] < len(turns[i]["out"])]
+        gained += sum(pos[i] - told[i] for i in live)
+        drafts = drafter.propose([RowInput(np.asarray(turns[i]["prompt"] + turns[i]["out"][:pos[i]]))
+                                  for i in live])
+        for i, draft in zip(live, drafts, strict=True):
+            told[i] = pos[i]
+            out, a = turns[i]["out"], 0
+            while a < len(draft) and pos[i] + a < len(out) and draft[a] == out[pos[i] + a]:
+                a += 1
+            pos[i] = min(len(out), pos[i] + a + 1)
+        row_steps += len(live)
+    assert row_steps >= 250 and drafter.stats()["rebuilds"] == 64 and drafter.stats()["errors"] == 0
+    per_row = {k: v / row_steps for k, v in counts.items()}
+    assert counts["decoded"] == gained, per_row
+    assert counts["tree_add"] <= row_steps and counts["tree_spec"] <= 2 * row_steps, per_row
+    assert per_row["matcher"] <= 16 and per_row["tokenizer"] <= 5, per_row  # 11.3 and 3.1 on 2026-12-07
