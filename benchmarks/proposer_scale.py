@@ -306,9 +306,10 @@ def _drain_reaper() -> None:
     """Wait until the structure drafter's reaper has torn down the trees handed to it: in the engine
     it does so during the target's pass, which releases the GIL (≥ 15 ms on the GPU against ≤ 1 ms
     of teardown); here, between steps, outside the timed call."""
-    from agentspec_sdk.drafting.suffix_source import _REAPER
+    from agentspec_sdk.drafting import suffix_source
 
-    while _REAPER.pending:
+    reaper = getattr(suffix_source, "_REAPER", None)  # None: a drafter from before the reaper
+    while reaper is not None and reaper.pending:
         time.sleep(0.0002)
 
 
