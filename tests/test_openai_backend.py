@@ -52,13 +52,15 @@ class Script:
     def __init__(self, *actions):
         self.actions = list(actions)
         self.bodies: list[dict] = []
+        self.headers: list[dict] = []
         self.metrics_page = METRICS_PAGE
         self.tokenizer_info: dict | None = None  # GET /tokenizer_info (None: 404, not published)
         self.lock = threading.Lock()
 
-    def next(self, body: dict):
+    def next(self, body: dict, headers: dict | None = None):
         with self.lock:
             self.bodies.append(body)
+            self.headers.append(headers or {})
             return self.actions.pop(0) if len(self.actions) > 1 else self.actions[0]
 
 
@@ -91,7 +93,7 @@ def make_handler(script: Script):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            action = script.next(body)
+            action = script.next(body, {k.lower(): v for k, v in self.headers.items()})
             kind, arg = action if isinstance(action, tuple) else (action, None)
             rid = body.get("request_id", "x")
             if kind == "ok":
@@ -188,6 +190,18 @@ def test_a_turn_carries_its_grammar_and_reads_acceptance(fake):
     assert [(r["drafted"], r["accepted"]) for r in res.records] == [(2, 1), (2, 2)]
     assert res.timings["prefill_s"] == pytest.approx(0.02) and res.timings["decode_s"] == pytest.approx(0.1)
     assert {s.law_class.value for s in res.spans} >= {"S"}
+
+
+def test_a_turn_carries_its_episode_key_for_a_router(fake):
+    script = fake(("ok", CALL))
+    with engine(script.url) as eng:
+        eng.generate([turn("a"), TurnRequest(messages=[{"role": "user", "content": "Hi"}], fmt="tool_calls",
+                                             request_id="b")])
+    by_id = {b["request_id"]: (b, h) for b, h in zip(script.bodies, script.headers, strict=True)}
+    body, headers = by_id["a.1"]
+    assert body["user"] == "agent-1" and headers["x-session-id"] == "agent-1"
+    body, headers = by_id["b.1"]  # no agent: no key, the router balances it freely
+    assert "user" not in body and "x-session-id" not in headers
 
 
 def test_an_explicit_grammar_or_none_is_sent_as_given(fake):

@@ -17,6 +17,10 @@ Acceptance per request comes from the response (`metrics.speculative_decoding`, 
 `--per-request-spec-decode-metrics`); per law class from the proposer's records file when the client
 can read it (`records_path`: a local server, or a shared volume). Server-wide acceptance per class,
 kind and source comes from the `agentspec:*` families on the server's /metrics (`stats()["proposer"]`).
+Episode key: a turn's `agent_id` is sent as the request's `user` field and as the `x-session-id`
+header (`SESSION_HEADER`), which vllm-router's `consistent_hash` policy routes by: an agent's turns
+stay on one replica, with its prefix cache and the proposer's state of its earlier turns.
+
 See docs/deployment.md.
 """
 
@@ -51,6 +55,8 @@ from agentspec_sdk.errors import BackendError, MalformedResponse
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import segment
 from agentspec_sdk.structure.tools import ToolRegistry
+
+SESSION_HEADER = "x-session-id"  # what vllm-router's consistent_hash policy keys on
 
 
 class RemoteEngine(EngineBase):
@@ -159,8 +165,12 @@ class RemoteEngine(EngineBase):
             body["structured_outputs"] = {"grammar": turn["grammar"]}
         if req.temperature and req.temperature > 0:
             body["seed"] = seed_for(request_id)  # the same sample on every attempt
-        return {"model": self._model(), **turn["chat"], "max_tokens": req.max_tokens,
-                "temperature": req.temperature, "stop": turn["stop"], "extra_body": body}
+        kwargs = {"model": self._model(), **turn["chat"], "max_tokens": req.max_tokens,
+                  "temperature": req.temperature, "stop": turn["stop"], "extra_body": body}
+        if req.agent_id:  # the episode key: a router keeps an agent's turns on one replica
+            kwargs["user"] = req.agent_id
+            kwargs["extra_headers"] = {SESSION_HEADER: req.agent_id}
+        return kwargs
 
     def _turn(self, req: TurnRequest, request_id: str, count: bool = True) -> TurnResult:
         started = time.perf_counter()
