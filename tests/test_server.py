@@ -17,6 +17,7 @@ import shlex
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -49,6 +50,12 @@ def test_structure_command_points_vllm_at_our_proposer(tmp_path):
     assert _flag(args, "--per-request-spec-decode-metrics") == "detailed"
     assert "--enable-prefix-caching" in args and "--enable-per-request-metrics" in args
     assert _flag(args, "--model") == "/models/m" and _flag(args, "--port") == "8123"
+    # clients name the model by its short name (the same on every replica), or by the path as given
+    at = args.index("--served-model-name")
+    assert args[at + 1:at + 3] == ["m", "/models/m"]
+    assert ServerSpec(model="m", speculation="off").model_names() == ["m"]
+    named = ServerSpec(model="/x/y/", speculation="off", served_model_name="agent")
+    assert named.model_names() == ["agent", "/x/y/"]
     assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve()),
                           "AGENTSPEC_EXACT_MASKS": "1",  # exact llguidance masks (backends.vllm_grammar)
                           "PROMETHEUS_MULTIPROC_DIR": str(spec.multiproc_dir())}  # agentspec:* on /metrics
@@ -752,6 +759,7 @@ def test_bad_requests_get_a_400_naming_the_problem(served):
 
     proc, _ = served
     client, model = _openai(proc)
+    assert model == Path(proc.spec.model).name  # the short name comes first in /v1/models
     odd = TOOLS + [{"type": "function", "function": {"name": "odd", "parameters": {
         "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}}]
     cases = {
@@ -945,8 +953,6 @@ def test_remote_prompts_equal_the_embedded_engines(tmp_path, served_template):
     """The server client's prompt (token ids vLLM rendered) equals the embedded engine's for the same
     turn: through our wrapper over SmolLM2's template (no tool support: our instructions, as before),
     and through a template that renders tools (Hermes, `--chat-template`: tools= and tool messages)."""
-    from pathlib import Path
-
     from agentspec_sdk.backends.chat_template import ChatTemplate
     from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
     from agentspec_sdk.backends.openai_backend import RemoteEngine

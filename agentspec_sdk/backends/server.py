@@ -53,7 +53,7 @@ class ServerSpec:
     speculation: Speculation = "structure"
     gamma_max: int = 8
     plan_path: Path | None = None
-    served_model_name: str | None = None
+    served_model_name: str | None = None  # None: the model folder's or id's last part (`model_names`)
     max_model_len: int = 4096
     seed: int = 0
     dtype: str | None = None  # None: float32 on CPU (no bf16 units on AVX2), auto on GPU
@@ -75,6 +75,13 @@ class ServerSpec:
     # suffix: vLLM's suffix_decoding_max_spec_factor / _min_token_prob (None: vLLM's defaults)
     suffix_max_spec_factor: float | None = None
     suffix_min_token_prob: float | None = None
+
+    def model_names(self) -> list[str]:
+        """The names clients send as `model`: a short one first (`served_model_name`, else the model's
+        last path part, e.g. `smollm2-135m-instruct`: the same on every replica whatever its cache
+        path), then the model as given, so a client that sends the path still works."""
+        short = self.served_model_name or Path(str(self.model).rstrip("/")).name or str(self.model)
+        return [short] if short == str(self.model) else [short, str(self.model)]
 
     def __post_init__(self) -> None:
         if self.speculation not in SERVER_SPECULATION:
@@ -123,8 +130,7 @@ class ServerSpec:
         kv_bytes = self.kv_cache_bytes or (1 << 30 if running_on_cpu() else None)
         if kv_bytes:
             args += ["--kv-cache-memory-bytes", str(kv_bytes)]
-        if self.served_model_name:
-            args += ["--served-model-name", self.served_model_name]
+        args += ["--served-model-name", *self.model_names()]
         if self.tool_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", "agentspec",
                      "--tool-parser-plugin", str(TOOL_PARSER_FILE)]
