@@ -24,8 +24,8 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", 
           "generation_config.json", "vocab.json", "merges.txt", "NOTICE")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
-# the draft the bench's model drafter modes use (replay.arms): measured in docs/drafting.md
-# ("Model drafters inside segments"); AGENTSPEC_DRAFT_LAYERS overrides it
+# the draft the bench's model drafter modes use (replay.arms): measured in
+# docs/experiments/2026-12-02-model-drafters.md; AGENTSPEC_DRAFT_LAYERS overrides it
 DEFAULT_DRAFT_LAYERS = 8
 
 __all__ = ["make_truncated_draft", "drafts_dir", "truncated_draft_dir", "default_draft",

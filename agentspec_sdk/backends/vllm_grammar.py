@@ -11,7 +11,7 @@ long_context traces (BFCL, 18 file-system tools): after `<tool_call>{"name":"c` 
 `cd` call up to `"folder":"Annual_Report_2023.docx`, where the mask then allowed `","` (cd has no
 second argument). The target took it, the matcher refused it, and vLLM ended the request with an
 error: a speculative output that differs from `off` (docs/engine.md, "Requests and grammars";
-docs/drafting.md, "The long_context traces in the engine, and exact grammar masks").
+docs/experiments/2026-12-04-long-context-engine-exact-masks.md).
 Every drafter can walk such a draft; structure's lookups made this one.
 
 The workaround: a mask is filled from a copy of the matcher (`LLMatcher.deep_copy`, ≈ 1 µs here), so

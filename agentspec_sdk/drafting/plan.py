@@ -36,7 +36,8 @@ class DraftPlan:
     # verify cost of one extra token / one target pass, for one sequence; the prior when learn_delta.
     # 0.04: what the drafter learned in every bench run of 2026-12-04/05 (0.037 on prose rows of 0.3k
     # tokens, 0.041-0.049 on the agent arms' rows of 1-1.5k); the earlier 0.02 priced a draft token at
-    # b 8 at 0.03 on prose until learned, against the 0.16-0.25 the pass cost (docs/drafting.md)
+    # b 8 at 0.03 on prose until learned, against the 0.16-0.25 the pass cost
+    # (docs/experiments/2026-12-05-prior-price-and-prose.md)
     delta: float = 0.04
     learn_delta: bool = True  # learn delta from the proposer's own step times (law.OnlineStepCost)
     d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
@@ -59,19 +60,21 @@ class DraftPlan:
     # (budget.TokenRate: the law's optimal draft when the acceptance estimates are calibrated). "rate"
     # wins offline on code_agent (up to +4.4%) and long_context (up to +2.7%) but loses ReAct plain
     # (up to -3.3%) and, in the engine, D-react (-10% in cost): the tails' estimated values are too
-    # low for it, so it is not the default (docs/drafting.md, "Where structure's decode time goes")
+    # low for it, so it is not the default
+    # (docs/experiments/2026-12-04-decode-time-and-budget-rule.md)
     budget_rule: str = "value"
     # Past the segment end: "wall" (a draft stops there) or "price" (the suffix tree's tokens past the
     # boundary stay in the candidate as source "cross", each worth its tree confidence times the
     # learned acceptance of (class, "cross"), and the budget sends them only where that pays; the
     # default: >= "wall" offline on tool_calls, both ReAct sets (+13-14%) and long_context; code_agent
-    # -0.19%, docs/drafting.md)
+    # -0.19%, docs/experiments/2026-12-02-price-fixes.md)
     boundary: str = "price"
     records_path: str | None = None
     records_max_bytes: int | None = None  # rotate the records file past this size; None: 64 MiB
     lookup_min_chars: int = 3
     # the same inside code (segment kinds of content "code": code blocks, Gemma's tool_code), where
-    # 3-5 characters (`(self`, `    re`) recur with many continuations (docs/drafting.md, issue 21)
+    # 3-5 characters (`(self`, `    re`) recur with many continuations
+    # (docs/experiments/2026-12-02-replay-schedule-and-code-lookups.md)
     lookup_min_chars_code: int = 6
     # SuffixDecoding's trees (arctic-inference) as a draft source inside segments; off when the
     # package is missing (logged) or for the ablation "structure-no-suffix"

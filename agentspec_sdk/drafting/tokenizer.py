@@ -37,7 +37,8 @@ class MemoTokenizer:
     format forces, e.g. `assistant\n<tool_call>{"name":"`), and draft text recurs: 15–43% of
     `canonical_tokens`' calls repeated one already made, on captured turns of code, ReAct, tool calls
     and long contexts; of the matchers' (the forced text checked for a closed object, the lookup text
-    trimmed to what the grammar allows) 67-78% (docs/drafting.md, issue 21)."""
+    trimmed to what the grammar allows) 67-78% (docs/experiments/2026-12-06-corpus-index-and-token-value.md,
+    2026-12-06-matcher-memo-and-suffix-fallback.md)."""
 
     __slots__ = ("ll", "size", "_memo")
 

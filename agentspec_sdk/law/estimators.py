@@ -341,7 +341,8 @@ class OnlineCalibration:
     learned acceptance per position, so its first token, where the match is weakest, was accepted
     0.04-0.05 against 0.17-0.35 estimated in free text (bundled, ReAct plain), its later ones more
     than estimated. Hence one factor per depth (`DEPTHS`: the first token, the second, the third and
-    fourth, the rest), per source and kind (docs/drafting.md, "Calibrated draft estimates")."""
+    fourth, the rest), per source and kind (docs/drafting.md, "Calibrated draft estimates";
+    docs/experiments/2026-12-05-calibrated-estimates.md)."""
 
     DEPTHS = (0, 1, 2, 4)  # a token at depth j is in the last bucket starting at or before j
 

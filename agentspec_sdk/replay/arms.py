@@ -42,7 +42,7 @@ MODES = {
     "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
     # the budget's "rate" rule: each token at its price times the run's tokens per unit of pass cost
     # (drafting.budget.TokenRate); not the default: it loses ReAct offline and in the engine
-    # (docs/drafting.md)
+    # (docs/experiments/2026-12-04-decode-time-and-budget-rule.md)
     "structure-rate-rule": {"speculation": "structure", "ablation": "rate_rule"},
     # the drafter's estimates as the trees and the learned acceptance give them (plan calibrate false)
     "structure-uncalibrated": {"speculation": "structure", "ablation": "uncalibrated"},
@@ -54,7 +54,8 @@ MODES = {
 }
 MODEL_DRAFT_MODES = ("draft_model", "draft_model+cut", "structure+draft_model")
 # (max_spec_factor, min_token_prob) of `suffix-tuned`: the best of benchmarks/offline_drafting.py's grid
-# on the bundled tool_calls and code_agent traces (react: (4, 0.1); long_context: (2, 0.3); docs/drafting.md)
+# on the bundled tool_calls and code_agent traces (react: (4, 0.1); long_context: (2, 0.3);
+# docs/experiments/2026-12-02-where-structure-loses-to-suffix.md)
 SUFFIX_TUNED = (4.0, 0.3)
 ARMS = ("A", "B", "C", "D", "D-react", "D-code")
 FORMAT_ARMS = {"tool_calls": "D", "react": "D-react", "code_agent": "D-code"}  # arm D, one per format
