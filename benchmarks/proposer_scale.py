@@ -13,7 +13,8 @@ and greedy verification against the recorded output decides what is accepted (at
 target writes the same tokens whatever was drafted). The modes step in turn (one step of each, then
 the next), so a burst of load falls on all of them.
 
-Per mode, set and batch size: ms per step (median, p90) of the proposer call, all of it and
+Per mode, set and batch size: ms per step (median, p90) of the proposer call, wall and the calling
+thread's CPU time (robust to other load on the machine; a reaper thread's work is not in it), all of it and
 "steady" (less the time spent building new rows and tearing down finished ones: structure's
 `RowState` set-up, continued or built, and `forget` of a row its parking lets go, the suffix cache's
 `start_request`, `stop_request` and evictions; structure's trees are torn down by a reaper thread
@@ -56,24 +57,25 @@ PROFILE_SORT = "tottime"
 
 
 class Clock:
-    """Seconds spent in wrapped calls since the last `take()`."""
+    """Seconds (wall and this thread's CPU) spent in wrapped calls since the last `take()`."""
 
     def __init__(self):
-        self.spent, self.calls = 0.0, 0
+        self.spent, self.cpu, self.calls = 0.0, 0.0, 0
 
     def wrap(self, fn):
         def timed(*args, **kwargs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.spent += time.perf_counter() - t
+                self.cpu += time.thread_time() - c
                 self.calls += 1
         return timed
 
-    def take(self) -> tuple[float, int]:
-        out = (self.spent, self.calls)
-        self.spent, self.calls = 0.0, 0
+    def take(self) -> tuple[float, float, int]:
+        out = (self.spent, self.cpu, self.calls)
+        self.spent, self.cpu, self.calls = 0.0, 0.0, 0
         return out
 
 
@@ -261,13 +263,13 @@ class Replay:
         _drain_reaper()
         self.proposer.setup.take()
         self.proposer.teardown.take()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         drafts = self.proposer(sampled, num_tokens, ids, keys, prompt_lens)
         for j in self.finishing:
             self.proposer.finished(j)
-        spent = time.perf_counter() - t
-        setup, built = self.proposer.setup.take()
-        teardown, torn = self.proposer.teardown.take()
+        spent, cpu = time.perf_counter() - t, time.thread_time() - c
+        setup, setup_cpu, built = self.proposer.setup.take()
+        teardown, teardown_cpu, torn = self.proposer.teardown.take()
         finished_before = len(self.finishing)
         self.finishing = []
         drafted = accepted = 0
@@ -295,8 +297,9 @@ class Replay:
                 self.token_ids[slot] = self.token_ids[last]
                 self.slots[slot] = self.slots[last]
             self.slots.pop()
-        self.steps.append({"rows": len(live), "called": len(called), "s": spent,
-                           "steady_s": max(0.0, spent - setup - teardown), "new": new_rows,
+        self.steps.append({"rows": len(live), "called": len(called), "s": spent, "cpu_s": cpu,
+                           "steady_s": max(0.0, spent - setup - teardown),
+                           "steady_cpu_s": max(0.0, cpu - setup_cpu - teardown_cpu), "new": new_rows,
                            "finished": finished_before, "setup_s": setup, "built": built,
                            "teardown_s": teardown, "torn": torn, "drafted": drafted, "accepted": accepted})
         return True
@@ -338,6 +341,9 @@ def summary(steps: list[dict], batch: int) -> dict:
         "full_ms": float(np.median([s["s"] for s in full]) * 1e3) if full else None,
         "full_steady_ms": float(np.median([s["steady_s"] for s in full]) * 1e3) if full else None,
         "us_per_row": float(np.median(steady * 1e3 / rows)),
+        "cpu_ms": float(np.median([s["cpu_s"] for s in steps]) * 1e3),
+        "steady_cpu_ms": float(np.median([s["steady_cpu_s"] for s in steps]) * 1e3),
+        "cpu_us_per_row": float(np.median(np.array([s["steady_cpu_s"] for s in steps]) * 1e6 / rows)),
         "new_row_ms": 1e3 * sum(s["setup_s"] for s in steps) / built if built else None,
         "finished_row_ms": 1e3 * sum(s["teardown_s"] for s in steps) / torn if torn else None,
         "drafted_per_step": float(np.mean([s["drafted"] for s in steps])),
@@ -410,19 +416,21 @@ def _fmt(x, digits: int = 2) -> str:
 
 
 def table(results: list[dict], passes: dict[int, float]) -> str:
-    lines = ["| set | B | mode | ms/step all (p90) | steady (p90) | µs/row steady | new row ms | "
-             "finished row ms | drafted/step | accepted/step | ÷ suffix all / steady | GPU pass share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| set | B | mode | ms/step all (p90) | steady (p90) | µs/row steady | CPU ms all / steady | "
+             "CPU µs/row steady | new row ms | finished row ms | drafted/step | accepted/step | "
+             "÷ suffix all / steady (CPU) | GPU pass share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         suffix = res["modes"].get("suffix")
         for mode, m in res["modes"].items():
-            vs = (f"{m['ms'] / suffix['ms']:.2f} / {m['steady_ms'] / suffix['steady_ms']:.2f}"
-                  if suffix and suffix["ms"] > 0 and suffix["steady_ms"] > 0 else "–")
+            vs = (f"{m['cpu_ms'] / suffix['cpu_ms']:.2f} / {m['steady_cpu_ms'] / suffix['steady_cpu_ms']:.2f}"
+                  if suffix and suffix["cpu_ms"] > 0 and suffix["steady_cpu_ms"] > 0 else "–")
             gpu = passes.get(res["batch"])
             share = f"{100 * m['ms'] / gpu:.0f}% of {gpu:g} ms" if gpu else "–"
             lines.append(
                 f"| {res['set']} | {res['batch']} | {mode} | {_fmt(m['ms'])} ({_fmt(m['ms_p90'])}) | "
                 f"{_fmt(m['steady_ms'])} ({_fmt(m['steady_ms_p90'])}) | {_fmt(m['us_per_row'], 0)} | "
+                f"{_fmt(m['cpu_ms'])} / {_fmt(m['steady_cpu_ms'])} | {_fmt(m['cpu_us_per_row'], 0)} | "
                 f"{_fmt(m['new_row_ms'])} | {_fmt(m['finished_row_ms'])} | "
                 f"{_fmt(m['drafted_per_step'], 1)} | {_fmt(m['accepted_per_step'], 1)} | {vs} | {share} |")
     return "\n".join(lines)
