@@ -130,13 +130,14 @@ def test_masks_equal_a_fresh_copy_per_mask_at_vllms_calls_plus_one_copy_per_row(
     assert 0.5 < ours["deep_copy"] <= 1.25  # a walk's copy; new rows' first copies (< 0.25 a row-step)
     assert copies["deep_copy"] == copies["unsafe_compute_mask_ptr"] > 5
     assert ours["unsafe_compute_mask_ptr"] == copies["unsafe_compute_mask_ptr"]
-    assert ours["consume_tokens"] <= copies["consume_tokens"]
+    # a step without a draft walks its kept tokens on the copy: consumed once more at the next rollback
+    assert ours["consume_tokens"] <= copies["consume_tokens"] + 0.1
     if "vllm" in counts:
         theirs = cell["arms"]["vllm"]["calls_per_row_step"]
-        assert theirs["rollback"] > 0.5
+        assert theirs["rollback"] > 0.5 and theirs.get("deep_copy", 0) == 0
         for call in ("unsafe_compute_mask_ptr", "validate_tokens"):
             assert ours[call] == theirs[call]
-        assert ours["consume_tokens"] <= theirs["consume_tokens"] + 0.25  # + new rows' prompt tokens
+        assert ours["consume_tokens"] <= theirs["consume_tokens"] + 0.1
 
 
 def _lockstep(ll_tokenizer, grammar_text: str, out: list[int], seed: int, ops: int = 400) -> dict:
@@ -183,8 +184,8 @@ def _lockstep(ll_tokenizer, grammar_text: str, out: list[int], seed: int, ops: i
                 tokens = out[len(hist):len(hist) + rng.randint(1, 3)]
             else:  # a token the grammar allows here (from a fresh copy: exact), not the turn's
                 probe = pair[1].ll_matcher.deep_copy()
-                bits = np.unpackbits(np.frombuffer(probe.compute_bitmask(), dtype=np.uint8), bitorder="little")
-                allowed = np.flatnonzero(bits)
+                allowed = np.flatnonzero(np.unpackbits(np.frombuffer(probe.compute_bitmask(), dtype=np.uint8),
+                                                       bitorder="little"))
                 if len(allowed) == 0:
                     continue
                 tokens = [int(allowed[rng.randrange(len(allowed))])]

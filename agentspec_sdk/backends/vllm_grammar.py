@@ -12,10 +12,26 @@ long_context traces (BFCL, 18 file-system tools): after `<tool_call>{"name":"c` 
 second argument). The target took it, the matcher refused it, and vLLM ended the request with an
 error: a speculative output that differs from `off` (docs/engine.md, "Requests and grammars";
 docs/experiments/2026-12-04-long-context-engine-exact-masks.md).
-Every drafter can walk such a draft; structure's lookups made this one.
+Every drafter can walk such a draft; structure's lookups made this one. What llguidance keeps is its
+bias cache (`Parser::compute_bias`, parser/src/earley/parser.rs at v1.7.6): the last mask it computed,
+reused while the lexer state, the Earley row index and "pending lexeme bytes" are the same. `rollback`
+does not clear it (`TokenParser::rollback` at v1.7.6), and after a rollback the same row index holds
+another row: the cached mask of the walked draft answers for the parser state the model wrote.
 
-The workaround: a mask is filled from a copy of the matcher (`LLMatcher.deep_copy`, ≈ 1 µs here), so
-the request's own matcher only accepts, validates and rolls back, which llguidance does exactly.
+The workaround (`patch_guidance`): the matcher that computes masks never rolls back. vLLM's
+`GuidanceGrammar.ll_matcher` becomes a copy of the matcher vLLM built; a draft walk (the tokens
+accepted between `fill_bitmask` and `rollback`) goes to a copy of it (`LLMatcher.deep_copy`, 3–8 µs,
+which shares the lexer's automaton and copies the parser state with its bias cache), and `rollback`
+drops that copy; the tokens the request keeps are then accepted by the matcher, or, where they
+continue the walk (a draft kept whole), the walk's copy becomes the matcher. Every mask comes from a
+matcher whose history has no rollback, so its cache is valid; that is llguidance without speculation.
+A rollback past the walk (vLLM 0.32 and 0.33 never do one) starts over from a copy of the matcher vLLM
+built, which never computes a mask and is brought up to the kept tokens only then. The masks equal
+those of a fresh copy per mask (the patch before 2026-12, ≈ 3–16× vLLM's own mask cost because no copy
+kept a cache), at vLLM's own llguidance calls per row and step (γ + 1 masks, the consumes, a
+validation) less its rollback plus one copy (tests/test_exact_masks.py counts them;
+benchmarks/mask_cost.py times them, docs/deployment.md "What a GPU deployment pays per step").
+
 Token slices (`patch_slices`): vLLM builds its llguidance tokenizer with llguidance's own slices
 (JSON string contents). A mask in a turn grammar's free text (a thought, a code body) then walks the
 whole vocabulary, 0.29 ms with SmolLM2's 49k tokens, once per draft position and row every pass; with
@@ -69,7 +85,7 @@ def patch_guidance(grammar_cls=None) -> None:
                            "fields; the exact-mask workaround cannot hook it")
     if getattr(methods["fill_bitmask"], _PATCHED, False):
         return
-    fill, accept, rollback_past, reset_all = (methods[name] for name in _HOOKED)
+    fill, _, rollback_past, reset_all = (methods[name] for name in _HOOKED)
 
     def fill_bitmask(self, bitmask, idx: int) -> None:
         (self.__dict__.get(_MASKS) or _masks(self)).walking = True  # accepts up to a rollback: a walk's
@@ -81,17 +97,26 @@ def patch_guidance(grammar_cls=None) -> None:
             if masks.kept is None:  # the walk's first tokens: from here on a copy walks
                 masks.kept, masks.walked = self.ll_matcher, []
                 self.ll_matcher = self.ll_matcher.deep_copy()
-            stopped = self.ll_matcher.is_stopped()
-            ok = accept(self, request_id, tokens)
-            if ok and not stopped:
-                masks.walked.extend(tokens)
-            return ok
-        if masks.last_walk is not None and masks.continue_walk(self, tokens):
+        elif masks.last_walk is not None and masks.continue_walk(self, tokens):
             return True
-        stopped = self.ll_matcher.is_stopped()
-        ok = accept(self, request_id, tokens)
-        if not stopped:  # consumed: the pristine matcher takes them when it is needed
-            masks.behind.append(list(tokens)) if ok else masks.lost()
+        # vLLM 0.32's (and 0.33's) accept_tokens, telling whether the matcher consumed the tokens
+        matcher = self.ll_matcher
+        stopped = matcher.is_stopped()
+        if self.ll_tokenizer.eos_token in tokens:
+            if stopped and not self.terminated:
+                self.rollback_lag = 1
+            self.terminated = True
+        if stopped:
+            return True
+        ok = matcher.consume_tokens(tokens)
+        self.check_error()
+        if masks.walking:
+            if ok:
+                masks.walked.extend(tokens)
+        elif ok:  # kept tokens: the pristine matcher takes them when it is needed
+            masks.behind.append(list(tokens))
+        else:
+            masks.lost()
         return ok
 
     def rollback(self, num_tokens: int) -> None:
