@@ -15,8 +15,9 @@ docs/experiments/2026-12-04-long-context-engine-exact-masks.md).
 Every drafter can walk such a draft; structure's lookups made this one. What llguidance keeps is its
 bias cache (`Parser::compute_bias`, parser/src/earley/parser.rs at v1.7.6): the last mask it computed,
 reused while the lexer state, the Earley row index and "pending lexeme bytes" are the same. `rollback`
-does not clear it (`TokenParser::rollback` at v1.7.6), and after a rollback the same row index holds
-another row: the cached mask of the walked draft answers for the parser state the model wrote.
+does not clear it (`TokenParser::rollback` at v1.7.6, and on llguidance's main branch of 2026-08-17),
+and after a rollback the same row index holds another row: the cached mask of the walked draft answers
+for the parser state the model wrote. Clearing it there would make vLLM's own masks exact.
 
 The workaround (`patch_guidance`): the matcher that computes masks never rolls back. vLLM's
 `GuidanceGrammar.ll_matcher` becomes a copy of the matcher vLLM built; a draft walk (the tokens
