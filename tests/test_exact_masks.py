@@ -140,6 +140,51 @@ def test_masks_equal_a_fresh_copy_per_mask_at_vllms_calls_plus_one_copy_per_row(
         assert ours["consume_tokens"] <= theirs["consume_tokens"] + 0.1
 
 
+def test_the_benchmarks_walk_is_vllms_own(mask_cost, setup):
+    """benchmarks/mask_cost.py's `grammar_bitmask` against vLLM's own
+    `StructuredOutputManager.grammar_bitmask` (a manager with only what that method reads, no
+    reasoning parser), on the same rows and drafts, stock and patched: the same bitmasks every step."""
+    import types
+
+    import llguidance.torch as lt
+    import torch
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    turns, grammars = mask_cost.load_set("tool_calls")
+    gamma, rng = 8, random.Random(0)
+    for arm in ("vllm", "agentspec"):
+        vocab = setup.arms[arm][1].vocab_size
+        theirs, ours = ([mask_cost.Row(setup, [arm], t, grammars[t["grammar"]], 1, None) for t in turns[:8]]
+                        for _ in range(2))
+        manager = StructuredOutputManager.__new__(StructuredOutputManager)
+        manager.vllm_config = types.SimpleNamespace(
+            num_speculative_tokens=gamma, scheduler_config=types.SimpleNamespace(max_num_seqs=8),
+            model_config=types.SimpleNamespace(is_diffusion=False))
+        manager.backend = types.SimpleNamespace(
+            allocate_token_bitmask=lambda n, v=vocab: lt.allocate_token_bitmask(n, v))
+        manager._grammar_bitmask, manager._full_mask = None, torch.tensor(-1, dtype=torch.int32)
+        manager.fill_bitmask_parallel_threshold, manager.enable_in_reasoning = 128, True
+        bitmask = lt.allocate_token_bitmask(8 * (gamma + 1), vocab)
+        for _ in range(10):
+            plans = [row.step(gamma, rng) for row in theirs]
+            requests = {f"r{i}": types.SimpleNamespace(structured_output_request=types.SimpleNamespace(
+                grammar=row.grammars[arm])) for i, row in enumerate(theirs)}
+            drafts = [d for d, _ in plans]
+            real = manager.grammar_bitmask(requests, list(requests), dict(zip(requests, drafts, strict=True)))
+            n = mask_cost.grammar_bitmask(
+                [(row.grammars[arm], d) for row, d in zip(ours, drafts, strict=True)], bitmask)
+            assert (real == bitmask[:n].numpy()).all()
+            for a, b, (_, keep) in zip(theirs, ours, plans, strict=True):
+                for row in (a, b):
+                    assert row.grammars[arm].accept_tokens("r", keep)
+                a.advance(keep)
+                b.advance(keep)
+            live = [i for i, row in enumerate(theirs) if not row.done()]
+            theirs, ours = [theirs[i] for i in live], [ours[i] for i in live]
+            if not theirs:
+                break
+
+
 def _lockstep(ll_tokenizer, grammar_text: str, out: list[int], seed: int, ops: int = 400) -> dict:
     """Random vLLM-like calls on a patched GuidanceGrammar and on the copy-per-fill reference in
     lockstep (fills, accepts of the turn's tokens or of other tokens the grammar allows, rollbacks of
