@@ -1,9 +1,10 @@
 """A LangGraph agent with BFCL's executable MathAPI tools, adapted to AgentSpec by one decorator.
 
-`build_agent` is ordinary LangChain v1 code: `create_agent(model, tools, ...)`. `@agentspec` swaps in
-`ChatAgentSpec` on the embedded engine (SmolLM2-135M by default, structure speculation), registers the
-tools and adds `AgentSpecMiddleware`, which injects the turn grammar (so each call names a real tool
-with schema-valid arguments), marks the agent idle while a tool runs and records acceptance per turn.
+`build_agent` is ordinary LangChain v1 code: `create_agent(model, tools, middleware=...)`. `@agentspec`
+hands it, through its `model` and `middleware` parameters, `ChatAgentSpec` on the embedded engine
+(SmolLM2-135M by default, structure speculation) and `AgentSpecMiddleware`, which injects the turn
+grammar (so each call names a real tool with schema-valid arguments), marks the agent idle while a tool
+runs and records acceptance per turn; it registers the tools with the engine.
 
 SmolLM2-135M is tiny: the middleware keeps it on a short leash (the first turn must call a tool, the
 turn after the tool results must answer) and a model-call limit caps the loop.
@@ -59,13 +60,13 @@ def math_tools(api: MathAPI | None = None) -> list[StructuredTool]:
 
 
 @agentspec(**SETTINGS)
-def build_agent(model, tools):
-    """The user's code, unchanged: a LangChain v1 agent."""
+def build_agent(model, tools, middleware=()):
+    """Ordinary LangChain v1 code: `@agentspec` hands it the model and its middleware to pass on."""
     return create_agent(
         model,
         tools,
         system_prompt=SYSTEM,
-        middleware=[ModelCallLimitMiddleware(run_limit=MAX_MODEL_CALLS, exit_behavior="end")],
+        middleware=[*middleware, ModelCallLimitMiddleware(run_limit=MAX_MODEL_CALLS, exit_behavior="end")],
     )
 
 

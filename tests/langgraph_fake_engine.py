@@ -1,8 +1,8 @@
 """A scripted stand-in for the Engine surface, for the LangGraph integration's unit tests only.
 
 It replays given model texts (a string, or a function of the request), and records the requests,
-registered tools and idle/active marks so tests can check what the integration sent. Spans and the
-per-event law classes come from the real segmenter.
+registered tools and idle/active marks so tests can check what the integration sent. Spans come
+from the real segmenter, stream events from the engines' own `StreamSplitter`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from agentspec_sdk import get_format
-from agentspec_sdk.structure.segmenter import label_tokens, segment
+from agentspec_sdk.backends.stream_split import StreamSplitter
+from agentspec_sdk.backends.types import StreamEvent
+from agentspec_sdk.structure.segmenter import segment
 
 ACCEPTANCE = {"S": {"drafted": 12, "accepted": 10}, "R": {"drafted": 4, "accepted": 1}}
 
@@ -22,11 +24,13 @@ Output = str | Callable[[Any], str]
 
 class FakeEngine:
     def __init__(self, outputs: list[Output] | None = None, *, finish_reason: str = "stop",
-                 native: str = "tool_calls"):
-        """`native`: the format `resolve_format("auto")` answers (the one its model's template writes)."""
+                 native: str = "tool_calls", unlabelled: bool = False):
+        """`native`: the format `resolve_format("auto")` answers (the one its model's template writes);
+        `unlabelled`: `stream` sends the text in one event without a segment label."""
         self.outputs = list(outputs or [])
         self.finish_reason = finish_reason
         self.native = native
+        self.unlabelled = unlabelled
         self.asked: list[Any] = []
         self.requests: list[Any] = []
         self.registered: list[list[str]] = []
@@ -74,10 +78,17 @@ class FakeEngine:
     async def agenerate(self, request: Any) -> SimpleNamespace:
         return self._result(request)
 
-    def stream(self, request: Any) -> Iterator[SimpleNamespace]:
+    def stream(self, request: Any) -> Iterator[StreamEvent]:
+        """As the engines stream: 4-character deltas through the SDK's `StreamSplitter` (events labelled
+        by segment, never straddling a boundary, marker-like text held until decided); with
+        `unlabelled=True`, the whole text in one event without a label, as a remote turn replayed
+        from its ledger."""
         result = self._result(request)
-        pieces = [result.text[i : i + 4] for i in range(0, len(result.text), 4)]
-        labels = label_tokens(get_format(request.fmt), pieces)
-        for piece, (kind, law_class) in zip(pieces, labels, strict=True):
-            yield SimpleNamespace(text_delta=piece, kind=kind, law_class=law_class, result=None)
-        yield SimpleNamespace(text_delta="", kind=None, law_class=None, result=result)
+        if self.unlabelled:
+            yield StreamEvent(result.text, "", "")
+        else:
+            splitter = StreamSplitter(get_format(request.fmt))
+            for at in range(0, len(result.text), 4):
+                yield from splitter.feed(result.text[at : at + 4])
+            yield from splitter.feed("", final=True)
+        yield StreamEvent("", "", "", result=result)

@@ -11,6 +11,8 @@ from langchain_core.tools import tool
 from langgraph_fake_engine import ACCEPTANCE, FakeEngine
 
 from agentspec_sdk import TOOL_CALLS, ToolRegistry, get_format, turn_grammar
+from agentspec_sdk.backends.types import StreamEvent
+from agentspec_sdk.structure.segmenter import LawClass, Span
 
 
 @tool
@@ -156,6 +158,50 @@ def test_stream_gives_content_deltas_then_whole_tool_calls_and_matches_invoke():
             == [(c["name"], c["args"]) for c in full.tool_calls])
     assert total.usage_metadata == full.usage_metadata
     assert total.response_metadata["acceptance"] == ACCEPTANCE
+
+
+class LabelledEngine(FakeEngine):
+    """Answers `text` with the given segment labels, in the stream's events and the result's spans."""
+
+    def __init__(self, labels: list[tuple[str, str]]):
+        super().__init__(["".join(piece for piece, _ in labels)] * 2)
+        self.labels, self.spans, at = labels, [], 0
+        for piece, law_class in labels:
+            self.spans.append(Span(at, at + len(piece), "call" if law_class == "S" else "prose",
+                                   LawClass(law_class)))
+            at += len(piece)
+
+    def _result(self, request):
+        result = super()._result(request)
+        result.spans = self.spans
+        return result
+
+    def stream(self, request):
+        result = self._result(request)
+        for piece, law_class in self.labels:
+            yield StreamEvent(piece, "call" if law_class == "S" else "prose", law_class)
+        yield StreamEvent("", "", "", result=result)
+
+
+def test_stream_content_follows_the_engines_segment_labels():
+    """The content is what the engine labelled outside S, in the stream (each event's `law_class`)
+    and in the result (`spans`): the chat model does not segment the text a second time, so text
+    the engine counts as a call is not content even where a second segmentation would say prose."""
+    model = ChatAgentSpec(engine=LabelledEngine([("Sure. ", "F"), ("[add 2 3]", "S"), (" Done.", "F")]))
+    streamed = "".join(c.content for c in model.stream("go"))
+    assert streamed == "Sure.  Done." == model.invoke("go").content
+
+
+def test_a_stream_without_labels_is_cut_by_the_results_segments():
+    """A remote turn replayed from its ledger streams its text in one unlabelled event: held, then cut
+    by the result's spans; the same content as invoke and as the labelled stream."""
+    text = f"  Let me add.\n{CALL_ADD}\n"
+    for unlabelled in (True, False):
+        model, _ = model_on(text, text, unlabelled=unlabelled)
+        bound = model.bind_tools([add])
+        chunks = list(bound.stream("go"))
+        assert "".join(c.content for c in chunks) == bound.invoke("go").content == "Let me add."
+        assert [tc["name"] for c in chunks for tc in c.tool_call_chunks] == ["add"]
 
 
 def test_async_invoke_and_stream():

@@ -56,8 +56,8 @@ def test_agentspec_decorator_runs_a_code_agent_graph_with_the_sandbox():
     engine = FakeEngine([CODE, "```python\nwhile True:\n    pass\n```", "The sum is 45."])
 
     @agentspec(engine=engine, fmt="code_agent", agent_id="coder")
-    def build(model, tools):
-        return create_agent(model, tools, system_prompt="You write Python.")
+    def build(model, tools, middleware=()):
+        return create_agent(model, tools, system_prompt="You write Python.", middleware=middleware)
 
     graph = build("openai:gpt-4o", [code_tool(SandboxLimits(timeout_s=1.5))])
     state = graph.invoke({"messages": [("user", "Sum 0..9.")]})

@@ -197,7 +197,7 @@ class ChatAgentSpec(BaseChatModel):
             raise AgentSpecError(f"the engine failed request {result.request_id!r}: {result.error}")
         with_calls = len(request.tools) > 0 or (self.fmt == "code_agent" and any(
             openai_tool(t)["function"]["name"] == _sdk.CODE_TOOL for t in kwargs.get("tools") or ()))
-        content, calls, invalid = self._read(result.text, result.finish_reason, with_calls=with_calls)
+        content, calls, invalid = self._read(result, with_calls=with_calls)
         message = AIMessage(
             content=content,
             tool_calls=calls,
@@ -209,8 +209,9 @@ class ChatAgentSpec(BaseChatModel):
         self._record(result, request, calls, kwargs)
         return message
 
-    def _read(self, text: str, finish_reason: str | None, *, with_calls: bool) -> tuple[str, list, list]:
-        content = _content(self.fmt, text)
+    def _read(self, result: Any, *, with_calls: bool) -> tuple[str, list, list]:
+        text, finish_reason = result.text, result.finish_reason
+        content = _content(self.fmt, result)
         if not with_calls:
             return content, [], []
         try:
@@ -292,7 +293,7 @@ class ChatAgentSpec(BaseChatModel):
                 if run_manager:
                     run_manager.on_llm_new_token(delta, chunk=chunk)
                 yield chunk
-        tail = streamer.finish()
+        tail = streamer.finish(result)
         if tail:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=tail))
             if run_manager:
@@ -318,7 +319,7 @@ class ChatAgentSpec(BaseChatModel):
                 if run_manager:
                     await run_manager.on_llm_new_token(delta, chunk=chunk)
                 yield chunk
-        tail = streamer.finish()
+        tail = streamer.finish(result)
         if tail:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=tail))
             if run_manager:
@@ -366,52 +367,60 @@ def _is_tool_class(law_class: Any) -> bool:
     return str(getattr(law_class, "value", law_class)) == "S"
 
 
-def _content(fmt: str, text: str) -> str:
-    """The message content: the turn's text outside schema-bound (S) segments, i.e. outside tool calls."""
+def _content(fmt: str, result: Any) -> str:
+    """The message content: the turn's text outside schema-bound (S) segments, i.e. outside tool calls,
+    cut by the segments the engine reports (`TurnResult.spans`)."""
+    text = result.text
+    parts = (text[s.start : s.end] for s in _spans(fmt, result) if not _is_tool_class(s.law_class))
+    return "".join(parts).strip()
+
+
+def _spans(fmt: str, result: Any) -> list[Any]:
+    """The result's segments; the text is segmented here only when a result carries none."""
+    spans = list(getattr(result, "spans", None) or ())
+    if spans or not result.text:
+        return spans
     segmenter = _sdk.Segmenter(_sdk.get_format(fmt))
-    segmenter.feed(text)
-    spans = list(segmenter.spans)
-    if segmenter.current is not None and segmenter.current not in spans:
-        spans.append(segmenter.current)
-    return "".join(text[s.start : s.end] for s in spans if not _is_tool_class(s.law_class)).strip()
+    segmenter.feed(result.text)
+    return segmenter.all_spans()
 
 
 class _ContentStreamer:
-    """Stream events → content deltas: the text outside S segments, stripped at both ends.
+    """Stream events → content deltas: the text of the events not labelled S (outside tool calls),
+    stripped at both ends, so the streamed content equals `_content` of the whole turn.
 
-    The text is segmented here (not read from the events' labels), and text that may still turn out
-    to be a marker (``<tool_``) is held back until it is decided, so the streamed content equals
-    `_content` of the whole turn. Trailing whitespace is held back until more text follows.
+    The engines label each event with its segment (`StreamEvent.law_class`): an event never straddles
+    a segment boundary, and text that may still begin a marker (``<tool_``) comes only once decided.
+    Text without a label (a remote turn replayed whole from its ledger) and all text after it is held
+    until the turn's result and cut by the result's segments. Trailing whitespace is held back until
+    more content follows.
     """
 
     def __init__(self, fmt: str) -> None:
-        self.seg = _sdk.Segmenter(_sdk.get_format(fmt))
-        self.text = ""
-        self.done = 0  # text[:done] has been classified
-        self.next_span = 0  # first closed span that may still reach past `done`
+        self.fmt = fmt
+        self.seen = 0  # characters of the turn's text received so far
+        self.held_from: int | None = None  # offset of the first unlabelled text
         self.started = False
         self.pending = ""
 
     def feed(self, event: Any) -> str:
         delta = getattr(event, "text_delta", "") or ""
-        if not delta:
+        start, self.seen = self.seen, self.seen + len(delta)
+        if not delta or self.held_from is not None:
             return ""
-        self.text += delta
-        self.seg.feed(delta)
-        return self._release(len(self.seg) - len(self.seg.pending))
+        label = getattr(event, "law_class", None)
+        if not label:
+            self.held_from = start
+            return ""
+        return "" if _is_tool_class(label) else self._strip(delta)
 
-    def finish(self) -> str:
-        return self._release(len(self.text))
-
-    def _release(self, upto: int) -> str:
-        spans = self.seg.spans
-        parts = []
-        for span in [*spans[self.next_span :], self.seg.current]:
-            lo, hi = max(span.start, self.done), min(span.end, upto)
-            if lo < hi and not _is_tool_class(span.law_class):
-                parts.append(self.text[lo:hi])
-        self.next_span = len(spans)
-        self.done = max(self.done, upto)
+    def finish(self, result: Any) -> str:
+        """Content of the held text, if any, by the result's segments."""
+        if self.held_from is None or result is None:
+            return ""
+        lo, text = self.held_from, result.text
+        parts = [text[max(s.start, lo) : s.end] for s in _spans(self.fmt, result)
+                 if s.end > lo and not _is_tool_class(s.law_class)]
         return self._strip("".join(parts))
 
     def _strip(self, text: str) -> str:

@@ -1,26 +1,25 @@
-"""`@agentspec`: adapt an existing LangGraph agent builder without editing its body.
+"""`@agentspec`: adapt an existing LangGraph agent builder through its own parameters.
 
-Supported shapes (the decorated function is a plain `def` that builds and returns the agent):
+The decorator hands its pieces to the builder through parameters the builder declares, by the names
+of LangChain's own extension points, and the builder passes them on where LangChain takes them:
 
-A. It calls `create_agent(model, tools, ...)` from `langchain.agents` (imported at module level,
-   inside the function, or called as `langchain.agents.create_agent`). Each such call gets our
-   `ChatAgentSpec` as its model (whatever model it named: an object, a string, the function's own
-   argument), its tools registered with the engine, and an `AgentSpecMiddleware` put first in
-   `middleware` (unless one is already there).
-B. It builds a `StateGraph` whose model node uses the function's `model` (or `llm`, `chat_model`)
-   parameter, e.g. `model.bind_tools(tools)`, and whose tool node is `ToolNode(tools)` from
-   `langgraph.prebuilt`. The parameter receives our `ChatAgentSpec`; each `ToolNode` built while the
-   function runs gets the middleware's tool wrapper (timeouts, errors → ToolMessage, idle/active).
+- `model` (or `llm`, `chat_model`): our `ChatAgentSpec`, whatever model the caller passed (required);
+- `tools`: registered with the engine before the body runs (passed on as given);
+- `middleware`: a list with the `AgentSpecMiddleware` first, then the middleware the caller passed
+  (an `AgentSpecMiddleware` the caller passed is used instead of a new one), for
+  `create_agent(model, tools, middleware=middleware)` (shape A);
+- `wrap_tool_call` / `awrap_tool_call`: the middleware's tool wrappers (timeouts, errors → ToolMessage,
+  idle/active), composed outside a wrapper the caller passed, for
+  `ToolNode(tools, wrap_tool_call=wrap_tool_call, awrap_tool_call=awrap_tool_call)` (shape B:
+  a `StateGraph` whose model node uses the `model` parameter, e.g. `model.bind_tools(tools)`).
 
-In both shapes a `tools` parameter, when passed, is registered with the engine before the body runs,
-and the function must return the graph (compiled, or the `StateGraph` builder). The returned graph
-carries `graph.agentspec` (an `AgentSpecBinding`: model, middleware, records, acceptance); the
-decorated function keeps the latest one in `fn.agentspec`.
+Nothing is replaced in any module: the builder's body decides where each piece goes, so builders that
+run at once in several threads each see only their own pieces. The builder must return the graph
+(compiled, or the `StateGraph` builder); it carries `graph.agentspec` (an `AgentSpecBinding`: model,
+middleware, records, acceptance); the decorated function keeps the latest one in `fn.agentspec`.
 
-Anything else raises `AgentSpecError` naming what was found: an `async def` builder; shape B without
-a model parameter; no `create_agent` call and no `ToolNode` built; a return value that is not a graph.
-While the builder runs, `create_agent` / `ToolNode` are swapped in its module globals and in
-`langchain.agents` / `langgraph.prebuilt` under a process-wide lock, and restored afterwards.
+Refused with `AgentSpecError`: an `async def` builder, a builder without a model parameter or without
+a parameter for the middleware or the tool wrappers (at decoration), a return value that is not a graph.
 """
 
 from __future__ import annotations
@@ -33,10 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import langchain.agents
-import langgraph.prebuilt
 from langgraph.graph import StateGraph
-from langgraph.prebuilt import ToolNode
 from langgraph.pregel import Pregel
 
 from agentspec_langgraph import _sdk
@@ -50,19 +46,17 @@ from agentspec_langgraph.records import TurnRecord
 from agentspec_langgraph.tools import registry_from_tools
 
 MODEL_PARAMS = ("model", "llm", "chat_model")
-_PATCH_LOCK = threading.RLock()
-_ORIGINAL_CREATE_AGENT = langchain.agents.create_agent
-_ORIGINAL_TOOL_NODE = ToolNode
+MIDDLEWARE_PARAM = "middleware"
+WRAPPER_PARAMS = ("wrap_tool_call", "awrap_tool_call")
 
 
 @dataclass
 class AgentSpecBinding:
-    """What `@agentspec` put into one built agent."""
+    """What `@agentspec` handed one build of the agent."""
 
     model: ChatAgentSpec
     middleware: AgentSpecMiddleware
-    create_agent_calls: int = 0
-    tool_nodes: int = 0
+    handed: tuple[str, ...] = ()  # the builder's parameters that received our pieces
     tools: list[str] = field(default_factory=list)
 
     @property
@@ -92,7 +86,7 @@ def agentspec(
     later_tool_choice: str | None = None,
     **engine_kwargs: Any,
 ) -> Any:
-    """Decorate an agent builder (see the module doc for the supported shapes).
+    """Decorate an agent builder (see the module doc for the parameters it receives).
 
     `model`: a ready `ChatAgentSpec`; else one is made on `engine` (default: an embedded `Engine`
     created on first use with `engine_kwargs`, shared by every call of this builder) with `fmt`,
@@ -106,26 +100,25 @@ def agentspec(
             tool_timeout_s=tool_timeout_s, tool_timeouts=tool_timeouts, first_tool_choice=first_tool_choice,
             later_tool_choice=later_tool_choice, **engine_kwargs,
         )  # fmt: skip
-    if inspect.iscoroutinefunction(fn):
-        raise AgentSpecError(
-            f"@agentspec: {fn.__qualname__} is an async def; decorate the plain def that builds the graph "
-            "(run the graph with ainvoke/astream as usual)"
-        )
     signature = inspect.signature(fn)
-    model_param = next((p for p in MODEL_PARAMS if p in signature.parameters), None)
+    model_param = _check_builder(fn, signature)
+    handed = (model_param, *(p for p in (MIDDLEWARE_PARAM, *WRAPPER_PARAMS) if p in signature.parameters))
     shared: dict[str, Any] = {}
+    shared_lock = threading.Lock()
 
     def make_model() -> ChatAgentSpec:
         if model is not None:
             return model
-        if "engine" not in shared:
-            shared["engine"] = engine if engine is not None else _sdk.new_engine(**engine_kwargs)
+        with shared_lock:  # builds in several threads share one engine
+            if "engine" not in shared:
+                shared["engine"] = engine if engine is not None else _sdk.new_engine(**engine_kwargs)
         return ChatAgentSpec(engine=shared["engine"], fmt=fmt, max_tokens=max_tokens, reasoning=reasoning)
 
-    @functools.wraps(fn)
-    def build(*args: Any, **kwargs: Any) -> Any:
-        base = make_model()
-        mw = AgentSpecMiddleware(
+    def make_middleware(base: ChatAgentSpec, given: list[Any]) -> AgentSpecMiddleware:
+        own = next((m for m in given if isinstance(m, AgentSpecMiddleware)), None)
+        if own is not None:
+            return own
+        return AgentSpecMiddleware(
             agent_id=agent_id or base.agent_id or f"agent-{uuid.uuid4().hex[:8]}",
             tool_timeout_s=tool_timeout_s,
             tool_timeouts=tool_timeouts,
@@ -133,16 +126,25 @@ def agentspec(
             first_tool_choice=first_tool_choice,
             later_tool_choice=later_tool_choice,
         )
+
+    @functools.wraps(fn)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind_partial(*args, **kwargs)
+        given = list(bound.arguments.get(MIDDLEWARE_PARAM) or ())
+        base = make_model()
+        mw = make_middleware(base, given)
         chat = base.model_copy(update={"agent_id": mw.agent_id, "recorder": mw.log})
-        binding = AgentSpecBinding(model=chat, middleware=mw)
-        bound = signature.bind(*args, **kwargs)
-        if model_param is not None:
-            bound.arguments[model_param] = chat
+        binding = AgentSpecBinding(model=chat, middleware=mw, handed=handed)
+        bound.arguments[model_param] = chat
+        if MIDDLEWARE_PARAM in signature.parameters:
+            bound.arguments[MIDDLEWARE_PARAM] = given if mw in given else [mw, *given]
+        for name in WRAPPER_PARAMS:
+            if name in signature.parameters:
+                bound.arguments[name] = _tool_wrapper(name, mw, bound.arguments.get(name))
         if bound.arguments.get("tools"):
             _register(binding, bound.arguments["tools"])
-        with _PATCH_LOCK, _patched(fn, binding):
-            result = fn(*bound.args, **bound.kwargs)
-        _check_shape(fn, result, binding, model_param)
+        result = fn(*bound.args, **bound.kwargs)
+        _check_result(fn, result, binding)
         try:
             result.agentspec = binding
         except AttributeError:  # a graph class with __slots__: the binding stays on the function
@@ -154,6 +156,31 @@ def agentspec(
     return build
 
 
+def _check_builder(fn: Callable[..., Any], signature: inspect.Signature) -> str:
+    """The builder's model parameter; `AgentSpecError` for a builder the decorator cannot hand its pieces."""
+    where = f"@agentspec: {fn.__qualname__}"
+    if inspect.iscoroutinefunction(fn):
+        raise AgentSpecError(
+            f"{where} is an async def; decorate the plain def that builds the graph "
+            "(run the graph with ainvoke/astream as usual)"
+        )
+    found = f"its parameters: {list(signature.parameters)}"
+    model_param = next((p for p in MODEL_PARAMS if p in signature.parameters), None)
+    if model_param is None:
+        raise AgentSpecError(
+            f"{where} has no parameter named one of {list(MODEL_PARAMS)}, so it cannot receive the "
+            f"ChatAgentSpec ({found}); take the model as a parameter and build the agent with it"
+        )
+    if not any(p in signature.parameters for p in (MIDDLEWARE_PARAM, *WRAPPER_PARAMS)):
+        raise AgentSpecError(
+            f"{where} has no parameter to receive the AgentSpecMiddleware ({found}): add "
+            f"'{MIDDLEWARE_PARAM}=()' and pass it on, create_agent(model, tools, middleware=middleware), "
+            "or 'wrap_tool_call=None, awrap_tool_call=None' for "
+            "ToolNode(tools, wrap_tool_call=wrap_tool_call, awrap_tool_call=awrap_tool_call)"
+        )
+    return model_param
+
+
 def _register(binding: AgentSpecBinding, tools: Any) -> None:
     registry = registry_from_tools(tools)
     names = [t.name for t in registry.tools]
@@ -163,95 +190,28 @@ def _register(binding: AgentSpecBinding, tools: Any) -> None:
         register(registry)
 
 
-class _patched:
-    """Swap `create_agent` and `ToolNode` for the builder's run, in its globals and the source modules."""
+def _tool_wrapper(name: str, mw: AgentSpecMiddleware, inner: Any) -> Callable[..., Any]:
+    """The middleware's tool wrapper for ToolNode's `wrap_tool_call` / `awrap_tool_call`, outside `inner`."""
+    if name == "wrap_tool_call":
+        if inner is None:
+            return mw.wrap_tool_call
 
-    def __init__(self, fn: Callable[..., Any], binding: AgentSpecBinding) -> None:
-        self.binding = binding
-        self.targets: list[tuple[Any, str, Any]] = []
-        replacements = {
-            id(_ORIGINAL_CREATE_AGENT): _create_agent_for(binding),
-            id(_ORIGINAL_TOOL_NODE): _tool_node_for(binding),
-        }
-        namespace = fn.__globals__
-        for name, value in list(namespace.items()):
-            if id(value) in replacements:
-                self.targets.append((namespace, name, replacements[id(value)]))
-        self.targets.append((vars(langchain.agents), "create_agent",
-                             replacements[id(_ORIGINAL_CREATE_AGENT)]))
-        self.targets.append((vars(langgraph.prebuilt), "ToolNode", replacements[id(_ORIGINAL_TOOL_NODE)]))
+        def wrap(request: Any, execute: Any) -> Any:
+            return mw.wrap_tool_call(request, lambda r: inner(r, execute))
 
-    def __enter__(self) -> None:
-        self.saved = [(ns, name, ns[name]) for ns, name, _ in self.targets]
-        for ns, name, new in self.targets:
-            ns[name] = new
+        return wrap
+    if inner is None:
+        return mw.awrap_tool_call
 
-    def __exit__(self, *exc: Any) -> None:
-        for ns, name, old in reversed(self.saved):
-            ns[name] = old
+    async def awrap(request: Any, execute: Any) -> Any:
+        return await mw.awrap_tool_call(request, lambda r: inner(r, execute))
+
+    return awrap
 
 
-def _create_agent_for(binding: AgentSpecBinding) -> Callable[..., Any]:
-    @functools.wraps(_ORIGINAL_CREATE_AGENT)
-    def create_agent(model: Any = None, tools: Any = None, *args: Any, middleware: Any = (),
-                     **kwargs: Any) -> Any:
-        binding.create_agent_calls += 1
-        if tools:
-            _register(binding, tools)
-        middleware = list(middleware or ())
-        if not any(isinstance(m, AgentSpecMiddleware) for m in middleware):
-            middleware.insert(0, binding.middleware)
-        return _ORIGINAL_CREATE_AGENT(binding.model, tools, *args, middleware=middleware, **kwargs)
-
-    return create_agent
-
-
-def _tool_node_for(binding: AgentSpecBinding) -> type:
-    mw = binding.middleware
-
-    class AgentSpecToolNode(_ORIGINAL_TOOL_NODE):
-        """A ToolNode whose calls go through AgentSpecMiddleware's tool wrapper first."""
-
-        def __init__(self, tools: Any, *args: Any, wrap_tool_call: Any = None, awrap_tool_call: Any = None,
-                     **kw: Any):
-            binding.tool_nodes += 1
-            _register(binding, tools)
-            sync_inner, async_inner = wrap_tool_call, awrap_tool_call
-
-            def wrap(request: Any, execute: Any) -> Any:
-                inner = (lambda r: sync_inner(r, execute)) if sync_inner else execute
-                return mw.wrap_tool_call(request, inner)
-
-            async def awrap(request: Any, execute: Any) -> Any:
-                inner = (lambda r: async_inner(r, execute)) if async_inner else execute
-                return await mw.awrap_tool_call(request, inner)
-
-            super().__init__(tools, *args, wrap_tool_call=wrap, awrap_tool_call=awrap, **kw)
-
-    AgentSpecToolNode.__name__ = AgentSpecToolNode.__qualname__ = "ToolNode"
-    return AgentSpecToolNode
-
-
-def _check_shape(fn: Callable[..., Any], result: Any, binding: AgentSpecBinding,
-                 model_param: str | None) -> None:
-    where = f"@agentspec: {fn.__qualname__}"
-    found = (
-        f"found {binding.create_agent_calls} create_agent call(s), {binding.tool_nodes} ToolNode(s), "
-        f"model parameter: {model_param or 'none'}, returned {type(result).__name__}"
-    )
-    if binding.create_agent_calls == 0 and binding.tool_nodes == 0:
-        raise AgentSpecError(
-            f"{where} built no agent it can adapt ({found}). Supported: a builder that calls "
-            "langchain.agents.create_agent(model, tools, ...), or one that builds a StateGraph with "
-            "langgraph.prebuilt.ToolNode(tools) and calls bind_tools on its 'model'/'llm' parameter"
-        )
-    if binding.create_agent_calls == 0 and model_param is None:
-        raise AgentSpecError(
-            f"{where} builds a StateGraph with a ToolNode but has no parameter named one of "
-            f"{list(MODEL_PARAMS)}, so its model cannot be swapped ({found})"
-        )
+def _check_result(fn: Callable[..., Any], result: Any, binding: AgentSpecBinding) -> None:
     if not isinstance(result, Pregel | StateGraph):
         raise AgentSpecError(
-            f"{where} must return the agent graph (create_agent's result or a StateGraph / compiled "
-            f"graph), not {type(result).__name__} ({found})"
+            f"@agentspec: {fn.__qualname__} must return the agent graph (create_agent's result or a "
+            f"StateGraph / compiled graph), not {type(result).__name__} (handed: {list(binding.handed)})"
         )
