@@ -105,7 +105,7 @@ def simulate(drafter_cls, row_input, plan_cls, tok, case, grammar_fn, *, batch: 
     plan = plan_cls(tools=case["tools"], gamma_max=gamma)
     drafter = drafter_cls(plan, tok)
     if not lookup:
-        drafter._lookup = lambda *a, **k: ("", "", 0)  # (text, follow, matched chars): no lookup match
+        drafter.choice.own._lookup = lambda *a, **k: ("", "", 0)  # (text, follow, matched chars): no match
     msgs = [{"role": "system", "content": system_prompt()},
             {"role": "user", "content": case["user"]}]
     prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -260,7 +260,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.drafting.drafter import StructureDrafter, _tool_call_grammar
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.grammars import call_grammar
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.drafting.rows import RowInput
 
@@ -271,11 +272,11 @@ def main() -> None:
                             "forced_only_json", "json_tokens", "ff_baseline"), 0)
     us = {1: [], 8: []}
     for case in cases:
-        full = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, _tool_call_grammar,
+        full = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, call_grammar,
                         batch=1, lookup=True, gamma=args.gamma)
         if full is None:
             continue
-        only = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, _tool_call_grammar,
+        only = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, call_grammar,
                         batch=1, lookup=False, gamma=args.gamma)
         report["cases"] += 1
         totals["tokens"] += full["tokens"]
@@ -289,7 +290,7 @@ def main() -> None:
         totals["ff_baseline"] += full["ff_baseline_accepted"]
         us[1].extend(full["us_per_row"])
     for case in cases[:: max(1, len(cases) // 12)]:
-        res = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, _tool_call_grammar,
+        res = simulate(StructureDrafter, RowInput, DraftPlan, tok, case, call_grammar,
                        batch=8, lookup=True, gamma=args.gamma)
         if res:
             us[8].extend(res["us_per_row"])

@@ -305,9 +305,8 @@ class StructureCall:
         if self.drafter.explain is not None:
             self.notes = self.drafter.explain.pop() if self.drafter.explain else [{} for _ in histories]
             self.drafter.explain.clear()
-        rows = getattr(self.drafter, "_rows", None) or []
-        self.classes = [rows[k].pending.law_class if d and k < len(rows) and rows[k] is not None
-                        and rows[k].pending is not None else None for k, d in enumerate(drafts)]
+        pending = [self.drafter.pending_draft(k) if d else None for k, d in enumerate(drafts)]
+        self.classes = [p.law_class if p is not None else None for p in pending]
         return drafts
 
 

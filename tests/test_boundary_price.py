@@ -100,21 +100,21 @@ def test_source_choice_weighs_what_the_budget_sends(offline, captured):
     wall, _, _ = _replay(offline, captured, "priced_choice", "wall", batch=8)
     price, notes, drafter = _replay(offline, captured, "priced_choice", "price", batch=8)
     assert _cost(price) <= _cost(wall)
+    worth, at = drafter.estimates.worth, float(drafter.sizer.step_prices[-1])  # the last row's price
     for n in notes:  # a chosen tree draft is worth at least own's, as sent
         own, tree = n.get("own"), n.get("tree")
         if n.get("rule") == "tree" and own is not None:
-            assert drafter._worth(tree) > drafter._worth(own)
+            assert worth(tree, at) > worth(own, at)
 
 
 def test_worth_counts_only_the_tokens_the_budget_sends(offline, captured):
     from agentspec_sdk.drafting.rows import Candidate
 
     drafter = offline.structure_drafter(8, [], boundary="price").drafter
-    drafter.row_price = 0.3
     tree = Candidate([1, 2, 3], ["suffix", "cross", "cross"], "reasoning", "R", [0.9, 0.2, 0.9])
-    # 0.9 is sent; 0.9 * 0.2 = 0.18 < 0.3 is not, nor anything after it
-    assert drafter._worth(tree) == pytest.approx(0.9)
-    assert drafter._expected(tree) == pytest.approx(0.9 + 0.18 + 0.162)
+    # at a row price of 0.3, 0.9 is sent; 0.9 * 0.2 = 0.18 < 0.3 is not, nor anything after it
+    assert drafter.estimates.worth(tree, 0.3) == pytest.approx(0.9)
+    assert drafter.estimates.expected(tree) == pytest.approx(0.9 + 0.18 + 0.162)
 
 
 CODE = ROOT / "tests" / "data" / "code_turns.json"
@@ -189,7 +189,7 @@ def test_the_row_choice_is_learned_from_which_source_went_further(offline):
         structure = offline.structure_drafter(8, data["tools"], **{**FOUND_AT, **fields})
         row = offline.simulate([dict(t) for t in data["turns"]], structure, 1,
                                trim=offline.GrammarTrim(data["grammars"]), schedule="agents")
-        return row, structure.drafter.choice_bias
+        return row, structure.drafter.choices.bias
 
     learned, bias = replay()
     fixed, none = replay(learn_choice=False)

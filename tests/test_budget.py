@@ -173,10 +173,10 @@ def test_a_long_context_row_gets_a_shorter_draft_than_a_short_one_at_equal_confi
     tok = AutoTokenizer.from_pretrained(resolve_model())
     drafter = StructureDrafter(DraftPlan(learn_delta=False), tok)
     cand = Candidate(list(range(100, 108)), ["suffix"] * 8, "reasoning", "R", [0.7] * 8)
-    long, short = drafter._size([cand, cand], [6000, 1000])
+    long, short = drafter.sizer.size([cand, cand], [6000, 1000])
     assert len(long) < len(short)
     flat = StructureDrafter(DraftPlan(learn_delta=False, delta_ctx=0.0), tok)  # every row alike
-    sizes = [len(d) for d in flat._size([cand, cand], [6000, 1000])]
+    sizes = [len(d) for d in flat.sizer.size([cand, cand], [6000, 1000])]
     assert sizes[0] == sizes[1] > len(long)
 
 
@@ -205,14 +205,16 @@ def test_a_step_of_short_rows_is_priced_at_the_prior_not_below_it():
     tok = AutoTokenizer.from_pretrained(resolve_model())
     cand = Candidate(list(range(100, 116)), ["suffix"] * 16, "prose", "F", [0.9] * 16)
     drafter = StructureDrafter(DraftPlan(learn_delta=False, gamma_max=16), tok)
-    short = [len(d) for d in drafter._size([cand] * 8, [300] * 8)]
-    usual = [len(d) for d in drafter._size([cand] * 8, [1500] * 8)]
+    short = [len(d) for d in drafter.sizer.size([cand] * 8, [300] * 8)]
+    usual = [len(d) for d in drafter.sizer.size([cand] * 8, [1500] * 8)]
     assert short == usual
-    assert drafter._prices(8, [300] * 8) == pytest.approx([batch_price(DraftPlan().delta, 8)] * 8)
+    assert drafter.sizer.prices(8, [300] * 8) == pytest.approx([batch_price(DraftPlan().delta, 8)] * 8)
     fixed = StructureDrafter(DraftPlan(learn_delta=False, gamma_max=16, ctx_ref=1500), tok)
-    assert all(p < q for p, q in zip(fixed._prices(8, [300] * 8), drafter._prices(8, [300] * 8), strict=True))
-    assert [len(d) for d in fixed._size([cand] * 8, [300] * 8)] > short  # the old reference: longer drafts
-    mixed = drafter._prices(8, [300] * 4 + [2700] * 4)
+    old_ref, step_ref = fixed.sizer, drafter.sizer
+    assert all(p < q for p, q in zip(old_ref.prices(8, [300] * 8), step_ref.prices(8, [300] * 8),
+                                     strict=True))
+    assert [len(d) for d in old_ref.size([cand] * 8, [300] * 8)] > short  # the old reference: longer drafts
+    mixed = drafter.sizer.prices(8, [300] * 4 + [2700] * 4)
     assert mixed[0] < batch_price(DraftPlan().delta, 8) < mixed[-1]
 
 
@@ -231,9 +233,10 @@ def test_the_step_reference_counts_every_row_of_the_pass():
     short = np.array(tok.encode("The weather in Oslo is mild today. " * 60), dtype=np.int64)[:300]
     prefill = RowInput(np.zeros(2700, dtype=np.int64), draftable=False)
     drafter.propose([RowInput(short), prefill])
-    assert drafter.step_ctx == 1500.0
-    assert drafter.row_price == pytest.approx(drafter._prices(2, [300, 2700])[0])
-    assert drafter.row_price < batch_price(DraftPlan().delta, 2)  # shorter than the pass's mean row
+    assert drafter.sizer.step_ctx == 1500.0
+    row_price = drafter.sizer.step_prices[0]  # what the row's choice was charged
+    assert row_price == pytest.approx(drafter.sizer.prices(2, [300, 2700])[0])
+    assert row_price < batch_price(DraftPlan().delta, 2)  # shorter than the pass's mean row
 
 
 def test_sent_value_counts_only_what_the_budget_sends():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from agentspec_sdk.drafting import drafter as drafter_mod
+from agentspec_sdk.drafting import pricing as pricing_mod
 from agentspec_sdk.drafting import rows as rows_mod
 from agentspec_sdk.drafting import text as text_mod
 from agentspec_sdk.drafting.drafter import StructureDrafter
@@ -190,7 +191,7 @@ def test_accounting_follows_a_simulated_acceptance_sequence(tok, tmp_path):
     stats = drafter.stats()
     assert stats["by_class"]["S"]["accepted"] == sum(r.accepted for r in drafter.records
                                                      if r.law_class == "S")
-    drafter.reset_stats()
+    drafter.accounting.reset()
     assert drafter.records == [] and drafter.stats()["steps"] == 0
 
 
@@ -257,15 +258,16 @@ def test_draft_estimates_are_calibrated_by_what_the_target_accepted(tok):
     assert cal.factor("F", "prose", "forced", 0) == 1.0  # not a calibrated source
     f1 = cal.factor("F", "prose", "suffix", 1)
     tree = Candidate([5, 6, 7], ["suffix", "suffix", "extend"], "prose", "F", [0.9, 0.9, 0.5])
-    assert drafter._confidences(tree) == pytest.approx([0.9 * cal.factor("F", "prose", "suffix", 0),
+    assert drafter.estimates.confidences(tree) == pytest.approx([0.9 * cal.factor("F", "prose", "suffix", 0),
                                                         0.9 * f1, 0.5])
     # depth counts within a source's run: a suffix token after a forced one is at depth 0
     chained = Candidate([5, 6], ["forced", "suffix"], "prose", "F", [1.0, 0.9])
-    assert drafter._confidences(chained)[1] == pytest.approx(0.9 * cal.factor("F", "prose", "suffix", 0))
+    depth0 = cal.factor("F", "prose", "suffix", 0)
+    assert drafter.estimates.confidences(chained)[1] == pytest.approx(0.9 * depth0)
     off = StructureDrafter(DraftPlan(tools=[], calibrate=False), tok)
     off.accounting.calibration = cal
     fresh = Candidate([5, 6, 7], ["suffix", "suffix", "extend"], "prose", "F", [0.9, 0.9, 0.5])
-    assert off._confidences(fresh) == [0.9, 0.9, 0.5]
+    assert off.estimates.confidences(fresh) == [0.9, 0.9, 0.5]
     assert "F/prose/suffix/1" in drafter.stats()["calibration"]
 
 
@@ -425,7 +427,7 @@ def test_a_failing_step_drafts_nothing_and_is_counted(tok, monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise ValueError("allocator failed")
 
-    monkeypatch.setattr(drafter_mod, "allocate", broken)
+    monkeypatch.setattr(pricing_mod, "allocate", broken)
     caplog.set_level(logging.ERROR, logger="agentspec.drafting")
     assert drafter.propose([RowInput(np.array(ids)), RowInput(np.array(ids[:-1]))]) == [[], []]
     stats = drafter.stats()

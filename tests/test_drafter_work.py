@@ -84,7 +84,7 @@ def _work(monkeypatch, tok, context: int) -> dict:
             break
         drafts = drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])
         assert drafter.stats()["rebuilds"] == 1  # the row is followed, never rebuilt
-        assert len(drafter._rows[0].tail) <= TAIL
+        assert len(drafter.rows.states[0].tail) <= TAIL
     return {"steps": steps, "prompt": len(prompt), **counts}
 
 
@@ -129,48 +129,51 @@ def test_a_lookup_whose_first_token_is_not_worth_its_price_is_not_tokenized(tok,
     dear = StructureDrafter(DraftPlan(tools=[], learn_delta=False, suffix_trees=False, delta=0.5,
                                       prior_acceptance=prior, budget=budget), tok)
     (draft,) = dear.propose([RowInput(ids)])
-    assert dear.row_price > 0.3
+    price = float(dear.sizer.step_prices[0])
+    assert price > 0.3
     if budget:
-        assert draft == [] and tokenized == [] and dear._unpaid == ("reasoning", "lookup")
+        assert draft == [] and tokenized == [] and dear.choice.own.candidate(dear.rows.states[0], price) == (
+            None, ("reasoning", "lookup"))
     else:  # tokenized; whether it is sent is the law's gate's call (`budget.fixed`)
         assert tokenized
     tokenized.clear()
     cheap = StructureDrafter(DraftPlan(tools=[], learn_delta=False, suffix_trees=False, delta=0.05,
                                        prior_acceptance=prior, budget=budget), tok)
     (draft,) = cheap.propose([RowInput(ids)])
-    assert tokenized and tok.decode(draft).startswith(" at dusk") and cheap._unpaid is None
+    price = float(cheap.sizer.step_prices[0])
+    assert tokenized and tok.decode(draft).startswith(" at dusk")
+    assert cheap.choice.own.candidate(cheap.rows.states[0], price)[1] is None
 
 
 def test_the_row_choice_weighs_an_untokenized_lookup_as_the_built_one(tok):
-    """The lookup not tokenized (`_lookup_pays`) is weighed in the row's choice as the built one would
-    be, worth 0 at the row's price: the same winner and the same contest to learn from, whatever the
-    bias learned for (kind, lookup)."""
+    """The lookup not tokenized (`Estimates.lookup_pays`) is weighed in the row's choice as the built
+    one would be, worth 0 at the row's price: the same winner and the same contest to learn from,
+    whatever the bias learned for (kind, lookup)."""
     from types import SimpleNamespace
 
     from agentspec_sdk.drafting.rows import Candidate
 
     drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok)
-    drafter.row_price = 0.2
+    price, choice, worth = 0.2, drafter.choice, drafter.estimates.worth
     tree = Candidate([1, 2, 3], ["suffix"] * 3, "thought", "R", [0.9, 0.8, 0.3])
     built = Candidate([7, 8, 9], ["lookup"] * 3, "thought", "R", [0.1, 0.9, 0.9])  # first token unpaid
-    assert drafter._worth(built) == 0.0 < drafter._worth(tree)
+    assert worth(built, price) == 0.0 < worth(tree, price)
     key = ("thought", "lookup")
     for bias in (0.0, 1.0, 5.0):  # the tree wins, then loses to own's bias
-        drafter.choice_bias[key] = bias
+        drafter.choices.bias[key] = bias
         rows = [SimpleNamespace(contest=None), SimpleNamespace(contest=None)]
-        wins = [drafter._tree_wins(rows[0], built, tree), drafter._tree_wins(rows[1], None, tree, key)]
-        assert wins[0] == wins[1] == (bias < drafter._worth(tree))
+        wins = [choice.tree_wins(rows[0], built, tree, price),
+                choice.tree_wins(rows[1], None, tree, price, key)]
+        assert wins[0] == wins[1] == (bias < worth(tree, price))
         assert rows[0].contest == rows[1].contest
 
-    def unpaid_lookup(st):  # what `_chain` leaves when it does not tokenize the lookup it found
-        drafter._unpaid = key
-
-    drafter._structure_candidate = unpaid_lookup
-    drafter._suffix_candidate = lambda st, note=None: tree
+    # what `_chain` leaves when it does not tokenize the lookup it found
+    choice.own = SimpleNamespace(candidate=lambda st, price: (None, key))
+    choice.tree = SimpleNamespace(candidate=lambda st, note=None: tree)
     note = {}
-    assert drafter._choose(SimpleNamespace(contest=None), note) is None and note["rule"] == "unpaid"
-    drafter.choice_bias[key] = 0.0
-    assert drafter._choose(SimpleNamespace(contest=None), note) is tree and note["rule"] == "tree"
+    assert choice.choose(SimpleNamespace(contest=None), price, note) is None and note["rule"] == "unpaid"
+    drafter.choices.bias[key] = 0.0
+    assert choice.choose(SimpleNamespace(contest=None), price, note) is tree and note["rule"] == "tree"
 
 
 def test_a_text_tokenized_again_is_answered_from_memory():

@@ -58,7 +58,6 @@ def test_shared_name_prefix_is_forced_up_to_the_choice(tok):
     draft = tok.decode(_draft(drafter, tok, _prompt(tok) + "<tool_call>"))
     assert '{"name":"get_'.startswith(draft) and draft.startswith('{"name":"')
     # once the prefix is unique the rest of the name and the next key follow
-    drafter.reset_stats()
     rest = tok.decode(_draft(drafter, tok, _prompt(tok) + '<tool_call>{"name":"get_w'))
     assert rest.startswith('eather","arguments":{"')
 
@@ -109,7 +108,7 @@ def test_matcher_is_fed_incrementally_and_follows_a_changed_row(tok):
     matchers = set()
     for k in range(start, len(ids)):
         drafter.propose([RowInput(np.array(ids[:k]))])
-        row = drafter._rows[0]
+        row = drafter.rows.states[0]
         matchers.add(id(row.call))
     assert len(matchers) == 1  # one matcher for the whole segment, never rebuilt
     assert drafter.stats()["rebuilds"] == 1

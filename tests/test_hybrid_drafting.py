@@ -85,8 +85,7 @@ def test_the_structure_draft_replaces_a_worse_model_draft_and_not_a_better_one(t
     wrong = tok.encode("xyz qq", add_special_tokens=False)
     plan = DraftPlan(tools=[], gamma_max=8, prior_acceptance={"S": 0.8, "R": 0.45, "F": 0.3})
     hyb = HybridDrafter(plan, tok, mode="hybrid")
-    own = hyb._candidate(hyb._match_rows([RowInput(np.array(ids))])[0]
-                         or _state(hyb, ids))
+    own = hyb.choice.candidate(_state(hyb, ids), 0.0)
     assert own is not None and own.source != "model"
     # the model's acceptance learned as poor in S: the structure draft is worth more
     for _ in range(30):
@@ -109,7 +108,7 @@ def test_the_structure_draft_replaces_a_worse_model_draft_and_not_a_better_one(t
 def _state(drafter, ids):
     from agentspec_sdk.drafting.rows import RowState
 
-    return RowState(drafter._row_context(), np.array(ids))
+    return RowState(drafter.rows.context, np.array(ids))
 
 
 def test_the_hybrid_drafter_needs_one_model_draft_per_row(tok):

@@ -48,7 +48,7 @@ def _drafter(tok, tools, parked: bool) -> StructureDrafter:
     plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, learn_delta=False)
     drafter = StructureDrafter(plan, tok)
     if not parked:
-        drafter.parked = Parking(max_rows=0)
+        drafter.rows.parked = Parking(max_rows=0)
     return drafter
 
 
@@ -102,7 +102,7 @@ def _continue_one(tok, monkeypatch, tools, prev, turn) -> None:
     assert counts["decoded"] == between
     assert 0 < counts["segmented"] < len(tok.decode(turn["prompt"])) / 2
     # the state is a new row's, and the rest of the turn drafts as a row built anew
-    st, fresh = taken._rows[0], built._rows[0]
+    st, fresh = taken.rows.states[0], built.rows.states[0]
     assert st.text.text == fresh.text.text and st.turn_char == fresh.turn_char
     assert {k: c.text for k, c in st.corpora.items()} == {k: c.text for k, c in fresh.corpora.items()}
     pairs = [(st.prompt_text, fresh.prompt_text)] + [(st.corpora[k], fresh.corpora[k]) for k in st.corpora]
@@ -127,7 +127,7 @@ def test_a_row_whose_history_does_not_begin_with_a_parked_one_is_built(tok):
 def test_parking_keeps_its_bounds_and_forgets_the_oldest(tok):
     data = json.loads((DATA / "code_turns.json").read_text(encoding="utf-8"))
     drafter = _drafter(tok, data["tools"], True)
-    ctx = drafter._row_context()
+    ctx = drafter.rows.context
     parking = Parking(max_rows=2, max_tokens=10 ** 6)
     states = [RowState(ctx, np.asarray(t["prompt"] + t["out"])) for t in data["turns"][:3]]
     live = drafter.trees.cache._local_trees

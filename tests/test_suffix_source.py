@@ -3,6 +3,8 @@ the budget pricing each of their tokens by its own confidence."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -90,7 +92,7 @@ def test_drafter_drafts_what_another_row_wrote_and_stops_at_the_segment_end(tok)
     drafts = drafter.propose([RowInput(a_ids), RowInput(b_ids)])
     b_draft = drafts[1]
     assert b_draft == a_out[10:10 + len(b_draft)].tolist() and len(b_draft) >= 2
-    assert drafter._rows[1].pending.source == "suffix"
+    assert drafter.pending_draft(1).source == "suffix"
     assert "<tool_call>" not in tok.decode(b_draft)  # the reasoning segment ends at the marker
     assert drafter.stats()["suffix_chosen"] >= 1
 
@@ -104,7 +106,7 @@ def test_budget_prices_each_token_by_its_own_confidence(tok):
     drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False, delta=0.3), tok)
     confident = Candidate([1, 2, 3, 4], ["suffix"] * 4, "reasoning", "R", [0.95, 0.95, 0.9, 0.2])
     weak = Candidate([5, 6, 7], ["suffix"] * 3, "reasoning", "R", [0.25, 1.0, 1.0])
-    sizes = [len(d) for d in drafter._size([confident, weak])]
+    sizes = [len(d) for d in drafter.sizer.size([confident, weak])]
     price = drafter.price
     # a token is sent while the product of confidences up to it pays its price (at this step's rows)
     from agentspec_sdk.drafting.budget import batch_price
@@ -119,10 +121,10 @@ def test_budget_prices_each_token_by_its_own_confidence(tok):
 def test_expected_value_compares_tree_and_learned_candidates(tok):
     drafter = StructureDrafter(DraftPlan(tools=[]), tok)
     tree = Candidate([1, 2], ["suffix", "suffix"], "reasoning", "R", [0.9, 0.9])
-    assert drafter._expected(tree) == pytest.approx(0.9 + 0.81)
+    assert drafter.estimates.expected(tree) == pytest.approx(0.9 + 0.81)
     lookup = Candidate([1, 2, 3], ["lookup"] * 3, "reasoning", "R")
     a = drafter.accounting.acceptance.alpha("R", "lookup")
-    assert drafter._expected(lookup) == pytest.approx(a + a * a + a ** 3)
+    assert drafter.estimates.expected(lookup) == pytest.approx(a + a * a + a ** 3)
 
 
 def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>", left: int = 4):
@@ -141,7 +143,7 @@ def _two_agents(tok, plan: DraftPlan, then: str = "<tool_call>", left: int = 4):
     at = len(tok.encode(said)) - left  # `left` tokens of the sentence left, then the marker
     b_ids = np.array(b_prompt + a_out[:at].tolist(), dtype=np.int64)
     drafts = drafter.propose([RowInput(np.concatenate([a_prompt, a_out])), RowInput(b_ids)])
-    return drafts[1], drafter._rows[1].pending, a_out[at:].tolist()
+    return drafts[1], drafter.pending_draft(1), a_out[at:].tolist()
 
 
 def test_boundary_price_switch(tok):
@@ -187,52 +189,58 @@ def test_the_row_choice_weighs_the_tree_without_its_extension(tok):
     drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok)
     tree = Candidate([1, 2, 3, 4, 5, 6], ["suffix"] + ["extend"] * 5, "code", "R", [0.5] + [1.0] * 5)
     own = Candidate([7, 8, 9], ["lookup"] * 3, "code", "R", [0.9, 0.9, 0.9])
-    drafter._structure_candidate = lambda st: own
-    drafter._suffix_candidate = lambda st, note=None: tree
-    assert drafter._worth(tree) > drafter._worth(own)  # the whole tree draft would have won
-    assert drafter._choose(None) is own
+    choice, price = _sources(drafter, own, tree)
+    worth = drafter.estimates.worth
+    assert worth(tree, price) > worth(own, price)  # the whole tree draft would have won
+    assert choice.choose(None, price) is own
     better = Candidate([1, 2, 3, 4, 5], ["suffix"] * 3 + ["extend"] * 2, "code", "R", [1.0] * 5)
-    drafter._suffix_candidate = lambda st, note=None: better
-    assert drafter._choose(None) is better  # won on suffix's own tokens: sent with its extension
+    choice.tree = SimpleNamespace(candidate=lambda st, note=None: better)
+    assert choice.choose(None, price) is better  # won on suffix's own tokens: sent with its extension
+
+
+def _sources(drafter, own, tree):
+    """The drafter's row choice with its sources giving `own` and `tree`, and a row's price (0)."""
+    choice = drafter.choice
+    choice.own = SimpleNamespace(candidate=lambda st, price: (own, None))
+    choice.tree = SimpleNamespace(candidate=lambda st, note=None: tree)
+    return choice, 0.0
 
 
 def test_the_row_choice_learns_its_bias_from_the_tokens_revealed(tok):
     """A wrong choice moves the bias of own's (kind, source) one step toward the candidate passed
     over (judged on the tokens the target wrote after the draft), until the choice flips; a right
     choice or a tie leaves it; `learn_choice: false` compares the worths as they are."""
-    from types import SimpleNamespace
-
-    from agentspec_sdk.drafting.drafter import CHOICE_STEP
+    from agentspec_sdk.drafting.choice import CHOICE_STEP
 
     drafter = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok)
     tree = Candidate([1, 2, 3], ["suffix"] * 3, "code", "R", [1.0, 0.5, 0.5])
     own = Candidate([1, 7, 8, 9], ["lookup"] * 4, "code", "R", [0.6] * 4)
-    drafter._structure_candidate = lambda st: own
-    drafter._suffix_candidate = lambda st, note=None: tree
-    gap = drafter._worth(tree) - drafter._worth(own)
+    choice, price = _sources(drafter, own, tree)
+    choices = drafter.choices
+    gap = drafter.estimates.worth(tree, price) - drafter.estimates.worth(own, price)
     assert gap > 0
     row = SimpleNamespace(contest=None)
     key = ("code", "lookup")
-    drafter._judge_choice((key, True, [1, 7]), 1, [1, 2, 5])  # a tie at 1 token: no move
-    assert key not in drafter.choice_bias
+    choices.judge((key, True, [1, 7]), 1, [1, 2, 5])  # a tie at 1 token: no move
+    assert key not in choices.bias
     flips = 0
-    while drafter._choose(row) is tree and flips < 100:  # the target writes own's tokens: a wrong pick
+    while choice.choose(row, price) is tree and flips < 100:  # the target writes own's tokens: a wrong pick
         assert row.contest == (key, True, [1, 7, 8, 9])  # own as the budget would send it
-        drafter._judge_choice(row.contest, 1, [1, 7, 8, 9, 4])
+        choices.judge(row.contest, 1, [1, 7, 8, 9, 4])
         flips += 1
-    assert flips == int(gap // CHOICE_STEP) + 1 and drafter.choice_bias[key] > gap
+    assert flips == int(gap // CHOICE_STEP) + 1 and choices.bias[key] > gap
     assert row.contest == (key, False, [1, 2, 3])
-    assert drafter.stats()["choice_bias"]["code/lookup"] == pytest.approx(drafter.choice_bias[key], abs=1e-3)
-    before = drafter.choice_bias[key]
-    drafter._judge_choice(row.contest, 4, [1, 7, 8, 9, 4])  # own chosen and right: no move
-    assert drafter.choice_bias[key] == before
-    drafter._judge_choice(row.contest, 1, [1, 2, 3, 4])  # own chosen, the tree went further
-    assert drafter.choice_bias[key] == pytest.approx(before - CHOICE_STEP)
+    assert drafter.stats()["choice_bias"]["code/lookup"] == pytest.approx(choices.bias[key], abs=1e-3)
+    before = choices.bias[key]
+    choices.judge(row.contest, 4, [1, 7, 8, 9, 4])  # own chosen and right: no move
+    assert choices.bias[key] == before
+    choices.judge(row.contest, 1, [1, 2, 3, 4])  # own chosen, the tree went further
+    assert choices.bias[key] == pytest.approx(before - CHOICE_STEP)
     off = StructureDrafter(DraftPlan(tools=[], learn_delta=False, learn_choice=False), tok)
-    off.choice_bias[key] = 10.0
-    off._structure_candidate, off._suffix_candidate = drafter._structure_candidate, drafter._suffix_candidate
+    off.choices.bias[key] = 10.0
+    off_choice, _ = _sources(off, own, tree)
     row = SimpleNamespace(contest=None)
-    assert off._choose(row) is tree and row.contest is None
+    assert off_choice.choose(row, price) is tree and row.contest is None
 
 
 def test_a_draft_never_ends_with_the_turn_end(tok):

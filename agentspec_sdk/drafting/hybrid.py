@@ -4,7 +4,11 @@ the structure drafter's own draft (grammar-forced text, lookup, suffix trees) in
 priced by the budget is larger.
 
 `HybridDrafter(plan, tokenizer, mode=...)` is a `StructureDrafter`: the same row states, segmenter,
-candidates, acceptance estimates and records; only the per-row candidate and the sizing differ.
+candidates, acceptance estimates and records. It overrides the one hook `_row_candidate` (a row's
+candidate: the model's, cut, or the larger of it and the structure's own) and, in observe and cut,
+sends its candidates unsized (`budgeted`). A subclass rather than a strategy handed to the drafter:
+its `propose` takes the model's drafts beside the rows and gives back which rows it replaced, and
+that per-step state is the hybrid's own.
 
 Modes (`MODEL_MODES`):
   observe  the model's draft untouched (vLLM's `draft_model` as a peer; drafts recorded per class)
@@ -39,6 +43,7 @@ class HybridDrafter(StructureDrafter):
         if mode not in MODEL_MODES:
             raise PlanError(f"model drafter mode must be one of {MODEL_MODES}, got {mode!r}")
         self.mode = mode
+        self.budgeted = mode == "hybrid"  # observe / cut: the model's (cut) draft as vLLM made it, no budget
         self._model_drafts: Sequence[Sequence[int]] = ()
         self.replaced: list[bool] = []
         self.model_chosen = 0  # rows whose sent draft is the model's (cut or not)
@@ -55,12 +60,12 @@ class HybridDrafter(StructureDrafter):
         drafts = super().propose(rows)  # never raises: a failed step gives no drafts
         return drafts, list(self.replaced)
 
-    def _row_candidate(self, i: int, st: RowState, note: dict | None) -> Candidate | None:
+    def _row_candidate(self, i: int, st: RowState, price: float, note: dict | None) -> Candidate | None:
         model = self._model_candidate(st, [int(t) for t in self._model_drafts[i] if int(t) >= 0])
         if self.mode != "hybrid":
             return model
-        own = self._candidate(st, note)
-        if own is not None and (model is None or self.value(own) > self.value(model)):
+        own = self.choice.candidate(st, price, note)
+        if own is not None and (model is None or self.value(own, price) > self.value(model, price)):
             self.replaced[i] = True
             self.structure_chosen += 1
             return own
@@ -81,17 +86,11 @@ class HybridDrafter(StructureDrafter):
         kind = st.fmt.kind(st.seg.kind)
         return Candidate(tokens, [MODEL_SOURCE] * len(tokens), kind.name, kind.law_class.value)
 
-    def value(self, cand: Candidate) -> float:
-        """The budget's value of the candidate at this row's price: expected accepted tokens minus the
+    def value(self, cand: Candidate, price: float) -> float:
+        """The budget's value of the candidate at the row's `price`: expected accepted tokens minus the
         price (verify cost + drafter cost, in target passes) of the tokens the budget would send
         (`budget.sent_value`, as the structure drafter weighs its own sources)."""
-        return self._worth(cand)
-
-    def _size(self, candidates: list[Candidate | None], contexts=None) -> list[list[int]]:
-        if self.mode == "hybrid":
-            return super()._size(candidates, contexts)
-        # observe / cut: the model's (cut) draft as vLLM made it, no budget
-        return [list(c.tokens) if c is not None else [] for c in candidates]
+        return self.estimates.worth(cand, price)
 
     def stats(self) -> dict:
         return {**super().stats(), "model_mode": self.mode, "model_chosen": self.model_chosen,

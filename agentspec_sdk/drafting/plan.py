@@ -87,7 +87,7 @@ class DraftPlan:
     suffix_extend_factor: float | None = 2.0
     # learn, per (segment kind, own candidate's source), a bias added to own's worth in the row's choice
     # between own and the tree, from which of the two the target's tokens show went further
-    # (drafter._judge_choice); False: the worths compared as they are
+    # (choice.ChoiceBias.judge); False: the worths compared as they are
     learn_choice: bool = True
     # the estimates a draft is sized by (the trees' confidences, the lookups' learned acceptance) times
     # a factor learned per (class, segment kind, source, depth) from what the target accepted

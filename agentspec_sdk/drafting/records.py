@@ -122,7 +122,7 @@ class PendingDraft:
     source: str  # the first token's
     tokens: list[int]
     sources: list[str] | None = None  # per token (a draft chains forced text, lookups, repeats)
-    # per token, its source's estimate before calibration (`CandidateBuilder._estimates`)
+    # per token, its source's estimate before calibration (`pricing.Estimates.estimates`)
     confidences: list[float] | None = None
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentspec_sdk.drafting.fingerprint import RollingHash
+from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hashes
 from agentspec_sdk.drafting.forced import CallMatcher
 from agentspec_sdk.drafting.lookup import SEPARATOR, CorpusIndex
 from agentspec_sdk.drafting.records import PendingDraft
@@ -50,7 +50,7 @@ class Candidate:
     kind: str
     law_class: str
     confidences: list[float] | None = None  # per token, given the ones before (suffix trees); None: learned
-    # what the budget sizes it by (`CandidateBuilder._confidences`), kept for the step it is built in
+    # what the budget sizes it by (`pricing.Estimates.confidences`), kept for the step it is built in
     priced: list[float] | None = None
 
     @property
@@ -280,6 +280,69 @@ class Parking:
         self._order.remove(slot)
         self.tokens -= st.n
         return st
+
+
+class RowTracker:
+    """The batch's row states between steps: each row is recognised by its history (`match`), a row
+    not followed is built or continues a parked one (`new_row`), rows that leave the batch are parked
+    for their episode's next turn (`parked`). `context`: what building a row needs (`reset` with a
+    new one forgets every row: the plan's formats or tools changed)."""
+
+    def __init__(self, context: RowContext | None = None):
+        self.context = context
+        self.states: list[RowState | None] = []  # the last step's, per batch row
+        self.parked = Parking()
+        self.continued = 0  # new rows that took over a parked row's state
+
+    def reset(self, context: RowContext) -> None:
+        self.forget()
+        self.parked.clear()
+        self.context = context
+
+    def forget(self) -> None:
+        """Forget the rows of the batch (not the parked ones)."""
+        for st in self.states:
+            if st is not None:
+                st.forget()
+        self.states = []
+
+    def match(self, histories: list[np.ndarray], growth: int) -> tuple[list[RowState | None], int]:
+        """(each row's state, or None for a row not followed; how many rows that left the batch had a
+        draft pending). A state matches a row whose history extends its own by at most `growth`
+        tokens (or its pending draft and one); a row keeps its batch slot's state first."""
+        old = self.states
+        out: list[RowState | None] = [None] * len(histories)
+        free = set(range(len(old)))
+        for i, ids in enumerate(histories):
+            if i < len(old) and old[i] is not None and old[i].matches(ids,
+                                                                      max(growth, old[i].pending_len + 1)):
+                out[i] = old[i]
+                free.discard(i)
+        if free:
+            for i, ids in enumerate(histories):
+                if out[i] is not None:
+                    continue
+                for j in sorted(free):
+                    st = old[j]
+                    if st is not None and st.matches(ids, max(growth, st.pending_len + 1)):
+                        out[i] = st
+                        free.discard(j)
+                        break
+        dropped = 0
+        for j in free:
+            if old[j] is not None:
+                dropped += old[j].pending is not None
+                self.parked.park(old[j])
+        return out, dropped
+
+    def new_row(self, ids: np.ndarray) -> RowState:
+        """A row not followed: it continues a parked row (its episode's previous turn) or is built
+        from its history."""
+        ids = np.asarray(ids, dtype=np.int64)
+        hashes = prefix_hashes(ids)
+        prev = self.parked.take(ids, hashes)
+        self.continued += prev is not None
+        return RowState(self.context, ids, prev, hashes)
 
 
 def turn_spans(prompt: str, turn_start: str, turn_end: str) -> list[tuple[int, str]]:
