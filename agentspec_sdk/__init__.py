@@ -22,10 +22,10 @@ from agentspec_sdk.errors import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "compile_schema": "agentspec_sdk.structure.schema_compiler",
-    "compile_schema_gbnf": "agentspec_sdk.structure.schema_compiler",
+    "compile_schema": "agentspec_sdk.structure.schema.compiler",
+    "compile_schema_gbnf": "agentspec_sdk.structure.schema.compiler",
     "load_grammar": "agentspec_sdk.structure.grammars",
-    "schema_rules": "agentspec_sdk.structure.schema_compiler",
+    "schema_rules": "agentspec_sdk.structure.schema.compiler",
     "AgentFormat": "agentspec_sdk.structure.formats",
     "SegmentKind": "agentspec_sdk.structure.formats",
     "LawClass": "agentspec_sdk.structure.formats",

@@ -35,8 +35,8 @@ def bfcl_tools(count: int) -> list[dict]:
 
 def tool_call_grammars(tools: list[dict], closed: bool = True) -> tuple[str, str]:
     """Lark and EBNF texts of the union of tool calls (what the per-turn grammar embeds)."""
-    from agentspec_sdk.structure.schema_algebra import canonical_literal
-    from agentspec_sdk.structure.schema_compiler import schema_rules
+    from agentspec_sdk.structure.schema.algebra import canonical_literal
+    from agentspec_sdk.structure.schema.compiler import schema_rules
 
     lark_rules, gbnf_rules, lark_calls, gbnf_calls = [], [], [], []
     for i, tool in enumerate(tools):

@@ -126,7 +126,7 @@ def test_the_repository_sample_compiles_as_measured():
     """The compiled counts of docs/schema_coverage.md's table (100 schemas per dataset, the files of
     tests/data/jsonschemabench): a change of the compiler that moves one updates the table with it."""
     from agentspec_sdk.errors import SchemaNotSupported
-    from agentspec_sdk.structure.schema_compiler import schema_rules
+    from agentspec_sdk.structure.schema.compiler import schema_rules
 
     compiled = {}
     for folder in sorted((Path(__file__).resolve().parent / "data" / "jsonschemabench").iterdir()):
@@ -151,7 +151,7 @@ def test_completeness_finds_valid_instances_a_restricted_grammar_rejects(checker
     """`closed=True` admits no undeclared keys, JSON Schema does: hypothesis-jsonschema's instances
     with extra keys are valid, llguidance rejects them, and the check reports one."""
     from agentspec_sdk.coverage.exactness import check_exactness
-    from agentspec_sdk.structure.schema_compiler import schema_rules
+    from agentspec_sdk.structure.schema.compiler import schema_rules
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     rules = schema_rules(schema, "s", closed=True)
@@ -185,7 +185,7 @@ TREE = {"type": "object", "properties": {"value": {"type": "integer"},
 
 
 def judges_of(checker, schema):
-    from agentspec_sdk.structure.schema_compiler import schema_rules
+    from agentspec_sdk.structure.schema.compiler import schema_rules
 
     rules = schema_rules(schema, "s")
     return checker.judges(f"start: {rules.root}\n{rules.lark}", f"root ::= {rules.root}\n{rules.gbnf}")

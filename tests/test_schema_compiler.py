@@ -12,8 +12,8 @@ import pytest
 
 from agentspec_sdk.bfcl import normalise_bfcl_schema
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.schema_algebra import canonical_literal
-from agentspec_sdk.structure.schema_compiler import (
+from agentspec_sdk.structure.schema.algebra import canonical_literal
+from agentspec_sdk.structure.schema.compiler import (
     canonical_texts,
     compile_schema,
     compile_schema_gbnf,

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from agentspec_sdk.coverage.grammar_checks import JUDGES
-from agentspec_sdk.structure.schema_compiler import schema_rules
+from agentspec_sdk.structure.schema.compiler import schema_rules
 
 
 @pytest.fixture(scope="module")

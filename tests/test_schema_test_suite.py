@@ -25,7 +25,7 @@ import pytest
 
 from agentspec_sdk.coverage.grammar_checks import JUDGES
 from agentspec_sdk.errors import SchemaNotSupported
-from agentspec_sdk.structure.schema_compiler import canonical_texts, schema_rules
+from agentspec_sdk.structure.schema.compiler import canonical_texts, schema_rules
 
 
 def data_root() -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 
 from agentspec_sdk.errors import SchemaNotSupported
-from agentspec_sdk.structure.schema_compiler import schema_rules
+from agentspec_sdk.structure.schema.compiler import schema_rules
 
 SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "jsonschemabench"  # in a source checkout
 EXACTNESS_KEYS = ("exact", "completeness_failures", "soundness_failures", "completeness_unchecked",

@@ -28,7 +28,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agentspec_sdk.structure.schema_compiler import canonical_texts
+from agentspec_sdk.structure.schema.compiler import canonical_texts
 
 CLOSING = frozenset(b'"]},:')  # bytes a walk prefers, so strings, arrays and objects end
 

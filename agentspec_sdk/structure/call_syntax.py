@@ -16,7 +16,7 @@ from typing import Any
 
 from agentspec_sdk.errors import FormatError, TurnParseError
 from agentspec_sdk.structure.formats import AgentFormat, CallSyntax, get_format
-from agentspec_sdk.structure.schema_compiler import canonical_texts
+from agentspec_sdk.structure.schema.compiler import canonical_texts
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
 
 __all__ = ["read_call", "read_call_list", "read_json", "write_calls"]

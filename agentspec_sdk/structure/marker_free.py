@@ -22,7 +22,7 @@ import functools
 from collections.abc import Sequence
 
 from agentspec_sdk.errors import FormatError
-from agentspec_sdk.structure.grammar_ir import _regex_char
+from agentspec_sdk.structure.schema.grammar_ir import regex_char
 
 __all__ = ["marker_free_regex", "then_pieces", "token_slices"]
 
@@ -128,9 +128,9 @@ def then_pieces(avoid: Sequence[str], then: str) -> tuple[str | None, str] | Non
     if last is None or all(_punct(m[0]) for m in markers):
         return None
     words = {m[:-1] for m in avoid}
-    k = _regex_char(ord(last), False)
+    k = regex_char(ord(last), False)
     piece = None if "" in words else _not_ending_with(words, last) + k
-    final = "[^" + _regex_char(ord(last), True) + "]*" + "".join(_regex_char(ord(c), False) for c in then)
+    final = "[^" + regex_char(ord(last), True) + "]*" + "".join(regex_char(ord(c), False) for c in then)
     return piece, final
 
 
@@ -144,11 +144,11 @@ def _by_last_char(avoid: Sequence[str], then: str | None, last: str) -> str:
     if then is not None:  # the pieces, then the final one (`then_pieces`)
         piece, final = then_pieces(avoid, then)
         return f"(?:{piece})*{final}" if piece is not None else final
-    other = "[^" + _regex_char(ord(last), True) + "]"
+    other = "[^" + regex_char(ord(last), True) + "]"
     words = {m[:-1] for m in avoid}
     if "" in words:  # `last` alone is a marker: it never appears
         return f"{other}+"
-    piece = _not_ending_with(words, last) + _regex_char(ord(last), False)
+    piece = _not_ending_with(words, last) + regex_char(ord(last), False)
     return f"(?:(?:{piece})+{other}*|{other}+)"
 
 
@@ -159,14 +159,14 @@ def _not_ending_with(words: set[str], last: str) -> str:
     words' suffixes."""
     suffixes = {w[i:] for w in words for i in range(len(w) + 1)}
     ok = sorted(u for u in suffixes if not any(u.endswith(w) for w in words))
-    lit = lambda u: "".join(_regex_char(ord(c), False) for c in u)  # noqa: E731
+    lit = lambda u: "".join(regex_char(ord(c), False) for c in u)  # noqa: E731
     wholes = [lit(u) for u in ok if u]
     tails = []
     for u in ok:
         before = sorted({v[0] for v in suffixes if len(v) == len(u) + 1 and v[1:] == u} | {last})
-        tails.append("[^" + "".join(_regex_char(ord(c), True) for c in before) + "]" + lit(u))
+        tails.append("[^" + "".join(regex_char(ord(c), True) for c in before) + "]" + lit(u))
     alts = [""] + wholes  # the empty string, and a whole string that is a suffix of a word
-    body = f"[^{_regex_char(ord(last), True)}]*(?:{'|'.join(tails)})"
+    body = f"[^{regex_char(ord(last), True)}]*(?:{'|'.join(tails)})"
     return "(?:" + "|".join(alts + [body]) + ")"
 
 
@@ -255,10 +255,10 @@ def _class_regex(cs: set, alphabet: set) -> str:
         excluded = sorted(alphabet - listed)
         if not excluded:
             return "(?s:.)"
-        return "[^" + "".join(_regex_char(ord(c), True) for c in excluded) + "]"
+        return "[^" + "".join(regex_char(ord(c), True) for c in excluded) + "]"
     if len(listed) == 1:
-        return _regex_char(ord(next(iter(listed))), False)
-    return "[" + "".join(_regex_char(ord(c), True) for c in sorted(listed)) + "]"
+        return regex_char(ord(next(iter(listed))), False)
+    return "[" + "".join(regex_char(ord(c), True) for c in sorted(listed)) + "]"
 
 
 # llguidance's own slices (`LLTokenizer.general_slices()`): whitespace, then JSON string contents

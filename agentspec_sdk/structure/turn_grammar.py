@@ -33,9 +33,9 @@ from typing import Literal
 
 from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
 from agentspec_sdk.structure.formats import DEFAULT_SYNTAX, AgentFormat, CallSyntax, get_format
-from agentspec_sdk.structure.grammar_ir import Lit, to_regex
 from agentspec_sdk.structure.marker_free import marker_free_regex, then_pieces
-from agentspec_sdk.structure.schema_compiler import SchemaRules, schema_rules
+from agentspec_sdk.structure.schema.compiler import SchemaRules, schema_rules
+from agentspec_sdk.structure.schema.grammar_ir import Lit, to_regex
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
 
 Dialect = Literal["llguidance", "lark", "gbnf"]

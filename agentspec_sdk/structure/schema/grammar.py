@@ -6,10 +6,12 @@ rule of its combinator (`branch_rule`), its literals (`literal_rule`) or its JSO
 from __future__ import annotations
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure import numbers
-from agentspec_sdk.structure.array_rule import array_rule
-from agentspec_sdk.structure.branch_rule import branch_rule
-from agentspec_sdk.structure.grammar_ir import (
+from agentspec_sdk.structure.schema import numbers
+from agentspec_sdk.structure.schema.algebra import ANNOTATIONS, TYPES, UNSUPPORTED, ptr, types_of
+from agentspec_sdk.structure.schema.array_rule import array_rule
+from agentspec_sdk.structure.schema.branch_rule import branch_rule
+from agentspec_sdk.structure.schema.document import DEPENDENCY_KEYS, MAX_DEPTH, SchemaDocument
+from agentspec_sdk.structure.schema.grammar_ir import (
     EMPTY,
     NOTHING,
     Node,
@@ -23,13 +25,11 @@ from agentspec_sdk.structure.grammar_ir import (
     seq,
     tok,
 )
-from agentspec_sdk.structure.json_tokens import JsonTokens
-from agentspec_sdk.structure.literal_rule import literal_rule
-from agentspec_sdk.structure.object_rule import object_rule
-from agentspec_sdk.structure.regex_translate import ANY_CHAR, encode_chars
-from agentspec_sdk.structure.scalar_rules import number_rule, string_rule
-from agentspec_sdk.structure.schema_algebra import ANNOTATIONS, TYPES, UNSUPPORTED, ptr, types_of
-from agentspec_sdk.structure.schema_document import DEPENDENCY_KEYS, MAX_DEPTH, SchemaDocument
+from agentspec_sdk.structure.schema.json_tokens import JsonTokens
+from agentspec_sdk.structure.schema.literal_rule import literal_rule
+from agentspec_sdk.structure.schema.object_rule import object_rule
+from agentspec_sdk.structure.schema.regex_translate import ANY_CHAR, encode_chars
+from agentspec_sdk.structure.schema.scalar_rules import number_rule, string_rule
 
 __all__ = ["SchemaGrammar"]
 
@@ -72,6 +72,12 @@ class SchemaGrammar:
     def new_rule(self, tag: str) -> str:
         self.counter += 1
         return f"{self.prefix}_{tag}{self.counter}"
+
+    def define(self, tag: str, node: Node) -> Ref:
+        """`node` as a new named rule (`new_rule(tag)`), referenced (`rule_context.RuleContext`)."""
+        name = self.new_rule(tag)
+        self.rules[name] = node
+        return Ref(name)
 
     # ------------------------------------------------------------ schemas
 

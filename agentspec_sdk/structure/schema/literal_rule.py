@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.grammar_ir import NOTHING, Node, alt
-from agentspec_sdk.structure.json_tokens import JsonTokens
-from agentspec_sdk.structure.schema_algebra import HANDLED, UNSUPPORTED, json_equal, ptr, satisfies
-from agentspec_sdk.structure.schema_formats import FORMATS
+from agentspec_sdk.structure.schema.algebra import HANDLED, UNSUPPORTED, json_equal, ptr, satisfies
+from agentspec_sdk.structure.schema.grammar_ir import NOTHING, Node, alt
+from agentspec_sdk.structure.schema.json_tokens import JsonTokens
+from agentspec_sdk.structure.schema.string_formats import FORMATS
 
 __all__ = ["MAX_ENUM", "literal_rule"]
 

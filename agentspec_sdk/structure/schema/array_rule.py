@@ -3,22 +3,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.grammar_ir import EMPTY, NOTHING, Node, lit, opt, rep, seq
-from agentspec_sdk.structure.keyword_values import non_negative_int
-from agentspec_sdk.structure.schema_algebra import ptr
-
-if TYPE_CHECKING:
-    from agentspec_sdk.structure.schema_grammar import SchemaGrammar
+from agentspec_sdk.structure.schema.algebra import ptr
+from agentspec_sdk.structure.schema.grammar_ir import EMPTY, NOTHING, Node, lit, opt, rep, seq
+from agentspec_sdk.structure.schema.keyword_values import non_negative_int
+from agentspec_sdk.structure.schema.rule_context import RuleContext
 
 __all__ = ["MAX_ITEMS_BOUND", "array_rule"]
 
 MAX_ITEMS_BOUND = 2_048
 
 
-def array_rule(g: SchemaGrammar, schema: dict, pointer: str, depth: int) -> Node:
+def array_rule(g: RuleContext, schema: dict, pointer: str, depth: int) -> Node:
     min_items = non_negative_int(schema, "minItems", pointer, 0)
     max_items = non_negative_int(schema, "maxItems", pointer, None)
     for key, value in (("minItems", min_items), ("maxItems", max_items)):

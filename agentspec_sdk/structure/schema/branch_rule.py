@@ -3,21 +3,17 @@ only where no instance can match two branches (or under the "oneOf" relaxation).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.branch_overlap import disjoint, objects_only
-from agentspec_sdk.structure.grammar_ir import NOTHING, Node, alt
-from agentspec_sdk.structure.schema_algebra import exclusive_required_branches, merge, ptr
-
-if TYPE_CHECKING:
-    from agentspec_sdk.structure.schema_document import SchemaDocument
-    from agentspec_sdk.structure.schema_grammar import SchemaGrammar
+from agentspec_sdk.structure.schema.algebra import exclusive_required_branches, merge, ptr
+from agentspec_sdk.structure.schema.branch_overlap import disjoint, objects_only
+from agentspec_sdk.structure.schema.document import SchemaDocument
+from agentspec_sdk.structure.schema.grammar_ir import NOTHING, Node, alt
+from agentspec_sdk.structure.schema.rule_context import RuleContext
 
 __all__ = ["branch_rule"]
 
 
-def branch_rule(g: SchemaGrammar, schema: dict, key: str, pointer: str, depth: int) -> Node:
+def branch_rule(g: RuleContext, schema: dict, key: str, pointer: str, depth: int) -> Node:
     options = schema[key]
     if not isinstance(options, list) or not options:
         raise InvalidSchema(f"{key} must be a non-empty array", ptr(pointer, key))

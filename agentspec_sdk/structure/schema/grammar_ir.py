@@ -201,7 +201,8 @@ def nullable(node: Node, rules: dict[str, Node] | None = None, _seen=None) -> bo
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
 
 
-def _regex_char(cp: int, in_class: bool) -> str:
+def regex_char(cp: int, in_class: bool) -> str:
+    """The code point `cp` as one character of a regex (inside a `[...]` class where `in_class`)."""
     c = chr(cp)
     if c == "/":
         return "\\/"
@@ -225,11 +226,11 @@ def _regex_class(ranges) -> str:
     parts = []
     for lo, hi in ranges:
         if lo == hi:
-            parts.append(_regex_char(lo, True))
+            parts.append(regex_char(lo, True))
         elif hi == lo + 1:
-            parts.append(_regex_char(lo, True) + _regex_char(hi, True))
+            parts.append(regex_char(lo, True) + regex_char(hi, True))
         else:
-            parts.append(_regex_char(lo, True) + "-" + _regex_char(hi, True))
+            parts.append(regex_char(lo, True) + "-" + regex_char(hi, True))
     return "[" + "".join(parts) + "]"
 
 
@@ -248,7 +249,7 @@ def _regex_quant(lo: int, hi: int | None) -> str:
 def to_regex(node: Node, atom: bool = False) -> str:
     """Regex text (python `re` and Rust `regex` common subset) for a lexical node."""
     if isinstance(node, Lit):
-        text = "".join(_regex_char(ord(c), False) for c in node.text)
+        text = "".join(regex_char(ord(c), False) for c in node.text)
         return f"(?:{text})" if atom and len(node.text) > 1 else text
     if isinstance(node, Chars):
         return _regex_class(node.ranges)

@@ -3,7 +3,7 @@ as an alternative (exactly one branch holds), and an `anyOf` beside `unevaluated
 
 from __future__ import annotations
 
-from agentspec_sdk.structure.schema_algebra import (
+from agentspec_sdk.structure.schema.algebra import (
     ANNOTATIONS,
     HANDLED,
     TYPES,
@@ -15,7 +15,7 @@ from agentspec_sdk.structure.schema_algebra import (
     satisfies,
     types_of,
 )
-from agentspec_sdk.structure.schema_formats import FORMATS
+from agentspec_sdk.structure.schema.string_formats import FORMATS
 
 __all__ = ["OBJECT_KEYWORDS", "disjoint", "objects_only"]
 

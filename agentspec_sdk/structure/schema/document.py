@@ -2,7 +2,7 @@
 view of each schema, `allOf` and `$ref` siblings merged into one schema (`flatten`), `unevaluated*`
 settled over merged scopes, and `dependencies` expanded into alternatives.
 
-Both the grammar (`schema_grammar.SchemaGrammar`) and the canonical texts of instances
+Both the grammar (`grammar.SchemaGrammar`) and the canonical texts of instances
 (`canonical_writer.CanonicalWriter`) read schemas through it.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.schema_algebra import MAX_BRANCH_PRODUCT, explicit_rest, merge, ptr
-from agentspec_sdk.structure.schema_dialect import dialect_of
+from agentspec_sdk.structure.schema.algebra import MAX_BRANCH_PRODUCT, explicit_rest, merge, ptr
+from agentspec_sdk.structure.schema.dialect import dialect_of
 
 __all__ = ["DEPENDENCY_KEYS", "MAX_DEPTH", "SchemaDocument"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from agentspec_sdk.structure.grammar_ir import EMPTY, Node, chars, lit, opt, rep, seq, tok
-from agentspec_sdk.structure.schema_algebra import canonical_literal
+from agentspec_sdk.structure.schema.algebra import canonical_literal
+from agentspec_sdk.structure.schema.grammar_ir import EMPTY, Node, chars, lit, opt, rep, seq, tok
 
 __all__ = ["JsonTokens"]
 

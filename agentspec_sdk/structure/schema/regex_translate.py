@@ -14,7 +14,7 @@ backreferences, word boundaries, anchors elsewhere.
 from __future__ import annotations
 
 from agentspec_sdk.errors import PatternNotSupported
-from agentspec_sdk.structure.grammar_ir import (
+from agentspec_sdk.structure.schema.grammar_ir import (
     EMPTY,
     MAX_CODEPOINT,
     Alt,

@@ -4,12 +4,12 @@ format)."""
 from __future__ import annotations
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure import numbers
-from agentspec_sdk.structure.grammar_ir import NOTHING, Node, lit, seq, tok
-from agentspec_sdk.structure.keyword_values import non_negative_int
-from agentspec_sdk.structure.regex_translate import PatternNotSupported, string_content
-from agentspec_sdk.structure.schema_algebra import bounds, ptr
-from agentspec_sdk.structure.schema_formats import FORMATS, KNOWN_FORMATS
+from agentspec_sdk.structure.schema import numbers
+from agentspec_sdk.structure.schema.algebra import bounds, ptr
+from agentspec_sdk.structure.schema.grammar_ir import NOTHING, Node, lit, seq, tok
+from agentspec_sdk.structure.schema.keyword_values import non_negative_int
+from agentspec_sdk.structure.schema.regex_translate import PatternNotSupported, string_content
+from agentspec_sdk.structure.schema.string_formats import FORMATS, KNOWN_FORMATS
 
 __all__ = ["number_rule", "string_rule"]
 

@@ -16,7 +16,18 @@ import math
 from fractions import Fraction
 
 from agentspec_sdk.errors import BoundNotExpressible
-from agentspec_sdk.structure.grammar_ir import EMPTY, NOTHING, Node, alt, chars, lit, opt, rep, seq, tok
+from agentspec_sdk.structure.schema.grammar_ir import (
+    EMPTY,
+    NOTHING,
+    Node,
+    alt,
+    chars,
+    lit,
+    opt,
+    rep,
+    seq,
+    tok,
+)
 
 DIGIT = chars([(0x30, 0x39)])
 NONZERO = chars([(0x31, 0x39)])

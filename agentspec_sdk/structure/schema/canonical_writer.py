@@ -1,5 +1,5 @@
 """The canonical serialisations of an instance under a schema's grammar (the forms
-`schema_compiler.compile_schema` lists): keys in the order the grammar puts them, one text per way
+`compiler.compile_schema` lists): keys in the order the grammar puts them, one text per way
 the schema's alternatives (anyOf/oneOf/dependencies) order them. Forced drafting writes these."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from agentspec_sdk.structure.schema_algebra import (
+from agentspec_sdk.structure.schema.algebra import (
     ANNOTATIONS,
     canonical_literal,
     json_equal,
@@ -16,7 +16,7 @@ from agentspec_sdk.structure.schema_algebra import (
     positional,
     ptr,
 )
-from agentspec_sdk.structure.schema_document import DEPENDENCY_KEYS, MAX_DEPTH, SchemaDocument
+from agentspec_sdk.structure.schema.document import DEPENDENCY_KEYS, MAX_DEPTH, SchemaDocument
 
 __all__ = ["CanonicalWriter"]
 

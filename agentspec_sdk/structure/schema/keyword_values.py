@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentspec_sdk.errors import InvalidSchema
-from agentspec_sdk.structure.schema_algebra import ptr
+from agentspec_sdk.structure.schema.algebra import ptr
 
 __all__ = ["non_negative_int"]
 

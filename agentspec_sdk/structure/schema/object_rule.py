@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import keyword
 import re
-from typing import TYPE_CHECKING
 
 from agentspec_sdk.errors import InvalidSchema, SchemaNotSupported
-from agentspec_sdk.structure.grammar_ir import EMPTY, NOTHING, Node, Ref, alt, lit, opt, rep, seq, tok
-from agentspec_sdk.structure.key_exclusion import string_not_in
-from agentspec_sdk.structure.keyword_values import non_negative_int
-from agentspec_sdk.structure.regex_translate import PatternNotSupported, classify_keys, encode, parse_pattern
-from agentspec_sdk.structure.schema_algebra import ptr
-
-if TYPE_CHECKING:
-    from agentspec_sdk.structure.schema_grammar import SchemaGrammar
+from agentspec_sdk.structure.schema.algebra import ptr
+from agentspec_sdk.structure.schema.grammar_ir import EMPTY, NOTHING, Node, alt, lit, opt, rep, seq, tok
+from agentspec_sdk.structure.schema.key_exclusion import string_not_in
+from agentspec_sdk.structure.schema.keyword_values import non_negative_int
+from agentspec_sdk.structure.schema.regex_translate import (
+    PatternNotSupported,
+    classify_keys,
+    encode,
+    parse_pattern,
+)
+from agentspec_sdk.structure.schema.rule_context import RuleContext
 
 __all__ = ["object_rule"]
 
 
-def object_rule(g: SchemaGrammar, schema: dict, pointer: str, depth: int) -> Node:
+def object_rule(g: RuleContext, schema: dict, pointer: str, depth: int) -> Node:
     props = schema.get("properties", {})
     if not isinstance(props, dict):
         raise InvalidSchema("properties must be an object", ptr(pointer, "properties"))
@@ -100,7 +102,7 @@ def _patterns_matching(name: str, pattern_props: dict, pointer: str) -> list:
     return matching
 
 
-def _pattern_extras(g: SchemaGrammar, pattern_props: dict, extra, declared: list[str], pointer: str,
+def _pattern_extras(g: RuleContext, pattern_props: dict, extra, declared: list[str], pointer: str,
                     depth: int):
     """(key lexeme, value) for undeclared keys: keys are split into classes by the set of patterns
     they match (exactly, via a DFA); each class gets the allOf of those patterns' schemas, the
@@ -129,7 +131,7 @@ def _pattern_extras(g: SchemaGrammar, pattern_props: dict, extra, declared: list
     return out
 
 
-def _members(g: SchemaGrammar, members: list[tuple[Node, bool]], extra: Node | None,
+def _members(g: RuleContext, members: list[tuple[Node, bool]], extra: Node | None,
              min_props: int, comma: Node) -> Node:
     extras_after = rep(seq(comma, extra), 0, None) if extra is not None else EMPTY
     first_required = next((i for i, (_, req) in enumerate(members) if req), None)
@@ -148,9 +150,7 @@ def _members(g: SchemaGrammar, members: list[tuple[Node, bool]], extra: Node | N
         options.append(seq(m, tail))
         tail = seq(opt(seq(comma, m)), tail)
         if shared:
-            name = g.new_rule("tail")
-            g.rules[name] = tail
-            tail = Ref(name)
+            tail = g.define("tail", tail)
     body = alt(*reversed(options)) if options else EMPTY
     if min_props == 0:
         body = opt(body) if options else EMPTY

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agentspec_sdk.structure.grammar_ir import EMPTY, Node, alt, lit, rep, seq
-from agentspec_sdk.structure.regex_translate import ANY_CHAR, encode, encode_chars
+from agentspec_sdk.structure.schema.grammar_ir import EMPTY, Node, alt, lit, rep, seq
+from agentspec_sdk.structure.schema.regex_translate import ANY_CHAR, encode, encode_chars
 
 __all__ = ["string_not_in"]
 

@@ -2,13 +2,13 @@
 
 The grammar's start rule matches exactly the canonical serialisations of the schema's valid
 instances (the forms are listed in `compile_schema`'s docstring and docs/schema_coverage.md;
-`canonical_texts` writes them). `$schema` picks the draft (`schema_dialect.Dialect`). Every lexeme
+`canonical_texts` writes them). `$schema` picks the draft (`dialect.Dialect`). Every lexeme
 of the Lark rendering is one whole JSON token, or a fixed piece of a number, so llguidance's lexer
 never has to choose between a longer and a shorter lexeme (see `json_tokens.JsonTokens.key`). See
 docs/schema_coverage.md for what is supported.
 
-The pieces, one object per module: `schema_document` (reading a schema document: `$ref`,
-dialect, `allOf` merged, `dependencies` expanded), `schema_grammar` (the walk and its rule set),
+The pieces, one object per module: `document` (reading a schema document: `$ref`,
+dialect, `allOf` merged, `dependencies` expanded), `grammar` (the walk and its rule set),
 `branch_rule` / `branch_overlap` (anyOf, oneOf), `literal_rule` (enum, const), `scalar_rules`,
 `array_rule`, `object_rule`, `key_exclusion` (the JSON types), `json_tokens` (punctuation, keys,
 literal values), `canonical_writer` (the canonical texts of instances, apart from the grammar).
@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass
 
 from agentspec_sdk.errors import SchemaNotSupported
-from agentspec_sdk.structure.canonical_writer import CanonicalWriter
-from agentspec_sdk.structure.grammar_ir import to_gbnf, to_lark
-from agentspec_sdk.structure.schema_document import SchemaDocument
-from agentspec_sdk.structure.schema_grammar import SchemaGrammar
+from agentspec_sdk.structure.schema.canonical_writer import CanonicalWriter
+from agentspec_sdk.structure.schema.document import SchemaDocument
+from agentspec_sdk.structure.schema.grammar import SchemaGrammar
+from agentspec_sdk.structure.schema.grammar_ir import to_gbnf, to_lark
 
 __all__ = [
     "RELAXATIONS", "SchemaRules", "canonical_texts", "compile_schema", "compile_schema_gbnf", "schema_rules",

@@ -4,7 +4,7 @@
 passes a schema's scalar keywords), `forbids` / `distinguished` / `exclusive_required_branches`
 (proofs that oneOf branches cannot both hold), `constants` (the finite values a schema allows),
 and the value forms the grammar is written in (`canonical_literal`, `json_equal`, `identity`).
-Pure functions over JSON values; the grammar compiler (`schema_compiler.py`) builds on them.
+Pure functions over JSON values; the grammar compiler (`compiler.py`) builds on them.
 """
 
 from __future__ import annotations
