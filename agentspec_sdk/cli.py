@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import typer
 
-from agentspec_sdk.backends.draft_cli import app as draft_app
-from agentspec_sdk.backends.serve_cli import serve
+from agentspec_sdk.backends.serving.draft_cli import app as draft_app
+from agentspec_sdk.backends.serving.serve_cli import serve
 from agentspec_sdk.coverage.cli import coverage
 from agentspec_sdk.law.cli import app as law_app
 from agentspec_sdk.replay.cli import bench, demo, record, replay

@@ -3,7 +3,7 @@
 Every exception class the SDK defines lives here and is imported from here (`from agentspec_sdk.errors
 import PlanError`), also by the modules that raise it; no other module is its home. Not here:
 private control-flow exceptions, raised and caught inside one module and never seen by a caller
-(`coverage.exactness._OutOfTime`, `replay.trace._Bad`, `backends.remote_transport._StreamBroken`,
+(`coverage.exactness._OutOfTime`, `replay.trace._Bad`, `backends.remote.remote_transport._StreamBroken`,
 `agentspec_langgraph.middleware._TimedOut`); they stay with their module.
 """
 

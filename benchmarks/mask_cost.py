@@ -86,8 +86,8 @@ class Setup:
         from transformers import AutoConfig
         from vllm.v1.structured_output.backend_guidance import GuidanceBackend, GuidanceGrammar
 
+        from agentspec_sdk.backends.inside_vllm.vllm_grammar import patch_guidance, patch_slices
         from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
-        from agentspec_sdk.backends.vllm_grammar import patch_guidance, patch_slices
 
         tokenizer = load_tokenizer(None)
         vocab = AutoConfig.from_pretrained(resolve_model(None)).vocab_size  # ModelConfig.get_vocab_size

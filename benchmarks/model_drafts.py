@@ -5,7 +5,7 @@ Each engine runs in a process of its own (vLLM tears down process-wide state whe
 on the BFCL tool-call prompts the engine tests use, at temperature 0.
 
 d = (draft-model time per step ÷ γ) ÷ (target pass time), where the draft-model time is what vLLM's
-draft model spent in `propose_draft_token_ids` (timed by our layer, backends.vllm_hybrid) and the
+draft model spent in `propose_draft_token_ids` (timed by our layer, backends.inside_vllm.vllm_hybrid) and the
 target pass time is the mean decode-only engine step (no prefill in it) less the drafting time.
 
 Run (the engine lock, one CPU engine at a time):
@@ -26,7 +26,7 @@ from pathlib import Path
 MODEL_MODES = ("draft_model", "draft_model+cut", "structure+draft_model")
 CHILD = r"""
 import json, sys, time
-from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
+from agentspec_sdk.backends.embedded.vllm_engine import Engine, TurnRequest
 from agentspec_sdk.bfcl import tool_call_prompts
 
 mode, draft = sys.argv[1], sys.argv[2]
@@ -147,7 +147,7 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("model_drafts.json"))
     args = ap.parse_args()
-    from agentspec_sdk.backends.draft_models import make_truncated_draft
+    from agentspec_sdk.backends.serving.draft_models import make_truncated_draft
 
     depths = [int(x) for x in args.layers.split(",") if x]
     modes = [m for m in args.modes.split(",") if m]

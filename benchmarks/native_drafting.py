@@ -44,8 +44,8 @@ def prompts(n: int):
 
 def run_mode(mode: str, n: int, max_tokens: int, gamma: int) -> dict:
     """One engine: every native format's turns, counts per format (deltas of the engine's totals)."""
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
     from agentspec_sdk.backends.types import TurnRequest
-    from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.structure.formats import NATIVE_FORMATS
 
     chosen = prompts(n)
@@ -84,9 +84,9 @@ def replay(path: str, n: int, gamma: int) -> dict:
     import offline_drafting as od
     from transformers import AutoTokenizer
 
+    from agentspec_sdk.backends.embedded.vllm_engine import prompt_token_ids
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.backends.types import TurnRequest
-    from agentspec_sdk.backends.vllm_engine import prompt_token_ids
     from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.structure.formats import NATIVE_FORMATS

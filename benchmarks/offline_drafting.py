@@ -46,8 +46,8 @@ import numpy as np
 
 def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: str | None = None,
             arm_name: str = "D") -> None:
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
     from agentspec_sdk.backends.model_bundle import load_tokenizer
-    from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.replay.arms import PROSE, build_arm
     from agentspec_sdk.replay.replayer import replay
     from agentspec_sdk.replay.runner import _unique_tools

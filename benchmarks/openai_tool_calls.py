@@ -34,10 +34,10 @@ def run_setting(speculation: str, prompts, gamma: int, max_tokens: int, work: Pa
     import jsonschema
     import openai
 
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.serve_cli import write_plan
-    from agentspec_sdk.backends.server import ServerProcess, ServerSpec
-    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.serving.serve_cli import write_plan
+    from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
 
     model = resolve_model()
     plan = write_plan(model, work / f"plan-{speculation}.json", formats="tool_calls", gamma_max=gamma) \

@@ -30,9 +30,9 @@ import time
 
 import numpy as np
 
+from agentspec_sdk.backends.embedded.vllm_engine import Engine
 from agentspec_sdk.backends.engine_config import STOCK
 from agentspec_sdk.backends.types import TurnRequest
-from agentspec_sdk.backends.vllm_engine import Engine
 from agentspec_sdk.bfcl import tool_call_prompts
 from agentspec_sdk.replay.accounting import price_at, verify_price
 

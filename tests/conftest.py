@@ -29,7 +29,7 @@ ENGINE_SETTINGS = {"gamma_max": 8, "max_model_len": 2048, "kv_cache_gb": 1.0, "s
 def _start(speculation: str):
     if importlib.util.find_spec("vllm") is None:  # a broken install must fail the engine tests, not skip them
         pytest.fail("vLLM is not installed: run scripts/setup.sh (make test does)")
-    from agentspec_sdk.backends.vllm_engine import Engine
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
 
     return Engine(speculation=speculation, **ENGINE_SETTINGS)
 

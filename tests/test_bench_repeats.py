@@ -41,7 +41,7 @@ def test_bench_repeats_with_the_tuned_suffix_peer(tmp_path):
 
 @pytest.mark.engine
 def test_the_tuned_knobs_are_vllms_running_setting():
-    script = ("from agentspec_sdk.backends.vllm_engine import Engine\n"
+    script = ("from agentspec_sdk.backends.embedded.vllm_engine import Engine\n"
               "if __name__ == '__main__':\n"
               "    e = Engine(speculation='suffix', gamma_max=4, suffix_max_spec_factor=2.0,\n"
               "               suffix_min_token_prob=0.3, enforce_eager=True)\n"

@@ -352,7 +352,7 @@ def test_records_settle_against_the_final_tokens(tmp_path):
 
 
 def test_proposer_adapter_without_vllm(tmp_path, monkeypatch, hf_tokenizer):
-    from agentspec_sdk.backends.vllm_proposer import AgentSpecProposer
+    from agentspec_sdk.backends.inside_vllm.vllm_proposer import AgentSpecProposer
 
     records = tmp_path / "records.jsonl"
     plan = DraftPlan(tools=[WEATHER], tokenizer=resolve_model(), gamma_max=4, records_path=str(records))
@@ -403,7 +403,7 @@ def test_last_round_cut_by_the_stop_check_takes_vllms_count():
 DRAFT_MODEL_RUN = """
 import json, sys
 from agentspec_sdk.backends.model_bundle import resolve_model
-from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
+from agentspec_sdk.backends.embedded.vllm_engine import Engine, TurnRequest
 from agentspec_sdk.bfcl import tool_call_prompts
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ import pytest
 from test_server import _free_port, _question
 
 from agentspec_sdk.backends.contract import STATS_KEYS, AgentEngine
+from agentspec_sdk.backends.embedded.vllm_engine import Engine
 from agentspec_sdk.backends.engine_config import EngineConfig
-from agentspec_sdk.backends.openai_backend import RemoteEngine
 from agentspec_sdk.backends.prompts import chat_messages
+from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.types import TurnRequest, merge_tools
-from agentspec_sdk.backends.vllm_engine import Engine
 from agentspec_sdk.errors import BackendError, FormatError, ToolRegistryError
 from agentspec_sdk.structure.formats import TOOL_CALLS, AgentFormat, get_format
 from agentspec_sdk.structure.segmenter import segment
@@ -101,7 +101,7 @@ def test_stream_splitter_holds_a_possible_marker_until_it_is_decided():
 
 
 def test_engine_config_from_keywords_or_a_config_and_bad_settings_before_anything_starts(monkeypatch):
-    from agentspec_sdk.backends import vllm_engine
+    from agentspec_sdk.backends.embedded import vllm_engine
 
     def no_model(*a, **k):
         raise AssertionError("the engine went on to load a model")
@@ -138,8 +138,8 @@ def test_prompt_text_lives_with_the_format():
 
 def _start_server(work):
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.serve_cli import write_plan
-    from agentspec_sdk.backends.server import ServerProcess, ServerSpec
+    from agentspec_sdk.backends.serving.serve_cli import write_plan
+    from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
 
     (work / "tools.json").write_text(json.dumps(TOOLS))
     model = resolve_model()

@@ -1,5 +1,5 @@
-"""Exact grammar masks under speculation (backends.vllm_grammar): llguidance keeps the last mask it
-computed (its bias cache) past a rollback, so after vLLM's draft walk a later mask allowed a token the
+"""Exact grammar masks under speculation (backends.inside_vllm.vllm_grammar): llguidance keeps the last
+mask it computed (its bias cache) past a rollback, so after vLLM's draft walk a later mask allowed a token the
 grammar forbids and vLLM ended the request with an error (the long_context traces, structure γ 8 and
 16: 4 of 652 outputs differed from `off`). Masks now come from matchers that never roll back: the
 masks are those of a fresh copy per mask (`copy-per-fill`, the patch before), at vLLM's own count of
@@ -90,7 +90,7 @@ def test_vllm_guidance_grammar_fills_exact_masks_once_patched(ll_tokenizer):
     import llguidance.torch as lt
     from vllm.v1.structured_output.backend_guidance import GuidanceGrammar
 
-    from agentspec_sdk.backends.vllm_grammar import patch_guidance
+    from agentspec_sdk.backends.inside_vllm.vllm_grammar import patch_guidance
 
     class Probe(GuidanceGrammar):
         pass
@@ -195,7 +195,7 @@ def _lockstep(ll_tokenizer, grammar_text: str, out: list[int], seed: int, ops: i
     import numpy as np
     from vllm.v1.structured_output.backend_guidance import GuidanceGrammar
 
-    from agentspec_sdk.backends.vllm_grammar import patch_guidance
+    from agentspec_sdk.backends.inside_vllm.vllm_grammar import patch_guidance
 
     class Exact(GuidanceGrammar):
         pass
@@ -278,7 +278,7 @@ def test_a_draft_kept_whole_continues_on_its_walk_copy(ll_tokenizer):
     import llguidance.torch as lt
     from vllm.v1.structured_output.backend_guidance import GuidanceGrammar
 
-    from agentspec_sdk.backends.vllm_grammar import patch_guidance
+    from agentspec_sdk.backends.inside_vllm.vllm_grammar import patch_guidance
 
     class Probe(GuidanceGrammar):
         pass
@@ -310,7 +310,7 @@ def test_a_draft_kept_whole_continues_on_its_walk_copy(ll_tokenizer):
 
 
 def test_the_workaround_refuses_a_class_it_cannot_hook_and_is_inert_unless_asked(monkeypatch):
-    from agentspec_sdk.backends import vllm_grammar
+    from agentspec_sdk.backends.inside_vllm import vllm_grammar
     from agentspec_sdk.errors import BackendError
 
     class NoMask:

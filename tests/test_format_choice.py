@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentspec_sdk.backends.chat_template import ChatTemplate, auto_format
-from agentspec_sdk.backends.tool_prompt import chat_template
+from agentspec_sdk.backends.inside_vllm.tool_prompt import chat_template
 from agentspec_sdk.structure.formats import get_format
 
 HERMES = (Path(__file__).parent / "data" / "chat_templates" / "hermes_vllm.jinja").read_text(encoding="utf-8")
@@ -42,7 +42,7 @@ def test_every_entry_point_defaults_to_auto():
     from agentspec_langgraph import ChatAgentSpec, agentspec
 
     from agentspec_sdk import TurnRequest
-    from agentspec_sdk.backends.serve_cli import serve
+    from agentspec_sdk.backends.serving.serve_cli import serve
 
     assert TurnRequest(messages=[]).fmt == "auto" == ChatAgentSpec.model_fields["fmt"].default
     assert inspect.signature(agentspec).parameters["fmt"].default == "auto"

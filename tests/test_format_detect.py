@@ -113,8 +113,8 @@ def test_prompt_format_finds_each_formats_own_prompt_among_all(name, smollm2_tok
     """The engine's real prompt for a turn of `name`, decoded as the proposer sees it, picks `name` among
     every built-in format (marker counts alone picked llama3_json for most: every tool list holds `{`,
     and hermes and tool_calls share `<tool_call>`)."""
+    from agentspec_sdk.backends.embedded.vllm_engine import prompt_token_ids
     from agentspec_sdk.backends.types import TurnRequest
-    from agentspec_sdk.backends.vllm_engine import prompt_token_ids
     from agentspec_sdk.structure.format_detect import prompt_format
     from agentspec_sdk.structure.formats import get_format
 

@@ -1,5 +1,5 @@
-"""The structure layer over vLLM's draft model (drafting.hybrid, backends.vllm_hybrid) and the
-layer-truncated draft folders (backends.draft_models).
+"""The structure layer over vLLM's draft model (drafting.hybrid, backends.inside_vllm.vllm_hybrid) and the
+layer-truncated draft folders (backends.serving.draft_models).
 
 Unit tests drive the hybrid drafter with the real tokenizer and hand-written model drafts, the
 handover with small tensors and the layout check with stand-in runner classes. The engine tests
@@ -19,10 +19,15 @@ import numpy as np
 import pytest
 import torch
 
-from agentspec_sdk.backends import vllm_hybrid
-from agentspec_sdk.backends.draft_models import make_truncated_draft
 from agentspec_sdk.backends.engine_config import EngineConfig
-from agentspec_sdk.backends.vllm_hybrid import PROPOSE_PARAMS, check_layout, hand_over, step_tokens
+from agentspec_sdk.backends.inside_vllm import vllm_hybrid
+from agentspec_sdk.backends.inside_vllm.vllm_hybrid import (
+    PROPOSE_PARAMS,
+    check_layout,
+    hand_over,
+    step_tokens,
+)
+from agentspec_sdk.backends.serving.draft_models import make_truncated_draft
 from agentspec_sdk.drafting.hybrid import HybridDrafter
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import RowInput
@@ -223,7 +228,7 @@ def test_the_plugin_entry_point_is_declared():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     target = project["project"]["entry-points"]["vllm.general_plugins"]["agentspec_model_drafts"]
     module, func = target.split(":")
-    assert (module, func) == ("agentspec_sdk.backends.vllm_hybrid", "register")
+    assert (module, func) == ("agentspec_sdk.backends.inside_vllm.vllm_hybrid", "register")
 
 
 def test_model_drafter_modes_need_a_draft_model():
@@ -279,7 +284,7 @@ def test_draft_make_cli_writes_the_folder(tmp_path):
 
 MODEL_MODE_RUN = """
 import json, sys
-from agentspec_sdk.backends.vllm_engine import Engine, TurnRequest
+from agentspec_sdk.backends.embedded.vllm_engine import Engine, TurnRequest
 from agentspec_sdk.bfcl import tool_call_prompts
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ from concurrent.futures import Future
 
 import pytest
 
+from agentspec_sdk.backends.embedded.vllm_engine import prompt_token_ids
 from agentspec_sdk.backends.model_bundle import context_length, load_tokenizer, resolve_model
 from agentspec_sdk.backends.types import TurnRequest
-from agentspec_sdk.backends.vllm_engine import prompt_token_ids
 from agentspec_sdk.errors import BackendError, PromptTooLong
 from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.aggregate import add_speedups, summarize

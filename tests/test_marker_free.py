@@ -1,5 +1,5 @@
 """Marker-free text as plain regexes (structure.marker_free) and the token slices vLLM's llguidance
-tokenizer gets (backends.vllm_grammar.patch_slices): the same language as the `&`/`~` lexemes they
+tokenizer gets (backends.inside_vllm.vllm_grammar.patch_slices): the same language as the `&`/`~` lexemes they
 replace, the same masks, and masks in free text filled from slices instead of a walk of the whole
 vocabulary (0.29 ms → 5 µs per mask with SmolLM2's tokenizer; timed in docs/formats.md, not here)."""
 
@@ -116,8 +116,8 @@ def test_every_registered_marker_holds_a_character_the_plain_slices_leave_out():
 def tokenizers():
     import llguidance.hf
 
+    from agentspec_sdk.backends.inside_vllm.vllm_grammar import with_marker_slices
     from agentspec_sdk.backends.model_bundle import load_tokenizer
-    from agentspec_sdk.backends.vllm_grammar import with_marker_slices
 
     hf = load_tokenizer(None)
     return llguidance.hf.from_tokenizer(hf), with_marker_slices(llguidance.hf.from_tokenizer(hf))
@@ -174,7 +174,7 @@ def test_masks_are_the_same_as_the_old_lexemes_with_llguidance_slices(tokenizers
 
 
 def test_patch_slices_wraps_the_tokenizer_builder_once_and_tolerates_a_vllm_without_it(caplog):
-    from agentspec_sdk.backends.vllm_grammar import patch_slices
+    from agentspec_sdk.backends.inside_vllm.vllm_grammar import patch_slices
 
     built = []
 

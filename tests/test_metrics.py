@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agentspec_sdk.backends.prom_metrics import (
+from agentspec_sdk.backends.inside_vllm.prom_metrics import (
     ProposerMetrics,
     parse_agentspec,
     source_split,
@@ -132,7 +132,7 @@ def test_metrics_of_another_process_reach_a_multiprocess_collector(tmp_path):
 
     prom = tmp_path / "prom"
     prom.mkdir()
-    code = ("from agentspec_sdk.backends.prom_metrics import proposer_metrics\n"
+    code = ("from agentspec_sdk.backends.inside_vllm.prom_metrics import proposer_metrics\n"
             "from agentspec_sdk.drafting.records import DraftRound\n"
             "m = proposer_metrics()\n"
             "m.round(DraftRound(1, 2, 'tool_call', 'S', 'forced', 4, 3), None)\n"
@@ -276,7 +276,7 @@ VLLM_LINES = ('vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {n
 
 
 def test_remote_stats_read_the_proposer_metrics_since_the_client_started():
-    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
 
     metrics, reg = _metrics()
     metrics.round(DraftRound(1, 1, "tool_call", "S", "forced", 4, 4), ["forced"] * 4)
@@ -305,7 +305,7 @@ def test_serve_status_prints_acceptance_per_class_from_metrics():
     import typer
     from typer.testing import CliRunner
 
-    from agentspec_sdk.backends.serve_cli import serve
+    from agentspec_sdk.backends.serving.serve_cli import serve
 
     app = typer.Typer()
     app.command("serve")(serve)
@@ -340,8 +340,8 @@ def test_the_vllm_proposer_adapter_counts_steps_rows_and_batch_errors(tmp_path, 
     from prometheus_client import REGISTRY
     from transformers import AutoTokenizer
 
+    from agentspec_sdk.backends.inside_vllm.vllm_proposer import AgentSpecProposer
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.vllm_proposer import AgentSpecProposer
 
     model = resolve_model()
     tok = AutoTokenizer.from_pretrained(model)

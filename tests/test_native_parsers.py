@@ -77,7 +77,7 @@ def test_vllm_parser_reads_back_what_the_grammar_allows(hf_tokenizer, checker, n
 
 @pytest.mark.parametrize("name", [f.name for f in NATIVE_FORMATS])
 def test_agentspec_tool_parser_reads_every_native_format(hf_tokenizer, monkeypatch, name):
-    from agentspec_sdk.backends import tool_parser
+    from agentspec_sdk.backends.inside_vllm import tool_parser
 
     monkeypatch.setenv(tool_parser.FORMAT_ENV, name)
     fmt = get_format(name)
@@ -97,7 +97,7 @@ def test_agentspec_tool_parser_reads_every_native_format(hf_tokenizer, monkeypat
 
 @pytest.mark.parametrize("name", [f.name for f in NATIVE_FORMATS])
 def test_serve_chat_template_writes_earlier_calls_in_the_format(hf_tokenizer, name):
-    from agentspec_sdk.backends.tool_prompt import chat_template
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import chat_template
 
     fmt = get_format(name)
     registry = trace_registry()
@@ -131,7 +131,7 @@ LIGHTS = ToolRegistry([{"type": "function", "function": {
 def test_serve_chat_template_writes_nested_values_as_write_calls_does(hf_tokenizer, name):
     """Nested values of an earlier call: Python literals at every depth for a Python-call syntax
     ({"on": True, "level": None}), JSON for a JSON one, as `write_calls` writes them."""
-    from agentspec_sdk.backends.tool_prompt import chat_template
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import chat_template
 
     fmt = get_format(name)
     calls = [("set_lights", {"rooms": ["hall", "café"], "settings": {"on": True, "level": None,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agentspec_sdk.backends.server import ServerProcess, ServerSpec
+from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
 
 TOOLS = [
     {"type": "function", "function": {
@@ -34,9 +34,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module", params=["hermes", "pythonic"])
 def served(request, tmp_path_factory):
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.serve_cli import tool_format_of, write_plan
-    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.serving.serve_cli import tool_format_of, write_plan
 
     name = request.param
     work = tmp_path_factory.mktemp(f"served-{name}")

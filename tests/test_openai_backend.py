@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentspec_sdk.backends.openai_backend import RemoteEngine
-from agentspec_sdk.backends.remote_inspect import PROBE_GRAMMAR, parse_prometheus
+from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
+from agentspec_sdk.backends.remote.remote_inspect import PROBE_GRAMMAR, parse_prometheus
 from agentspec_sdk.backends.types import TurnRequest
 from agentspec_sdk.errors import BackendError, MalformedResponse
 
@@ -502,7 +502,7 @@ def test_a_template_that_renders_tools_gets_openai_messages_and_tools(fake):
 
 
 def test_a_wrapped_template_or_an_unpublished_one_is_a_clear_error(fake):
-    from agentspec_sdk.backends.tool_prompt import chat_template
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import chat_template
 
     script = fake(("ok", CALL))
     with engine(script.url) as eng:  # /tokenizer_info 404: named formats as before, auto refused

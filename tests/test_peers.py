@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from agentspec_sdk.backends import engine_config
+from agentspec_sdk.backends.embedded.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.engine_config import stock_speculative_config
-from agentspec_sdk.backends.server import ServerSpec
-from agentspec_sdk.backends.stock_observer import StockDraftObserver
+from agentspec_sdk.backends.serving.server import ServerSpec
 from agentspec_sdk.backends.vllm_metrics import RecordsTail
 from agentspec_sdk.errors import BackendError
 
@@ -49,7 +49,7 @@ def test_missing_arctic_inference_names_the_install_step(monkeypatch):
 
 def test_engine_refuses_suffix_without_the_package_before_vllm_starts(monkeypatch):
     _no_arctic(monkeypatch)
-    from agentspec_sdk.backends import vllm_engine
+    from agentspec_sdk.backends.embedded import vllm_engine
 
     def no_model(*a, **k):
         raise AssertionError("the engine went on to load a model")
@@ -158,8 +158,8 @@ def test_tuned_suffix_knobs_reach_vllms_speculative_config():
 
     from vllm.config.speculative import SpeculativeConfig
 
+    from agentspec_sdk.backends.embedded.vllm_start import engine_speculative_config
     from agentspec_sdk.backends.engine_config import EngineConfig
-    from agentspec_sdk.backends.vllm_start import speculative_config
     from agentspec_sdk.replay.arms import SUFFIX_TUNED, engine_kwargs
 
     kw = engine_kwargs("suffix-tuned", 8)
@@ -168,7 +168,7 @@ def test_tuned_suffix_knobs_reach_vllms_speculative_config():
                   "suffix_min_token_prob": 0.3}
     assert engine_kwargs("suffix-tuned", 16, (2, 0.3))["suffix_max_spec_factor"] == 2.0
     assert "suffix_max_spec_factor" not in engine_kwargs("suffix", 8)  # the default peer stays vLLM's own
-    spec = speculative_config(EngineConfig(**kw), 8)
+    spec = engine_speculative_config(EngineConfig(**kw), 8)
     assert spec == {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 4.0,
                     "suffix_decoding_min_token_prob": 0.3}
     # the keys are vLLM's own field names, and the defaults we name are vLLM's
@@ -190,3 +190,28 @@ def test_bad_suffix_knobs_are_refused_by_name():
         stock_speculative_config("suffix", 8, suffix_max_spec_factor=-1)
     with pytest.raises(BackendError, match="apply to speculation='suffix' only, not 'ngram'"):
         EngineConfig(speculation="ngram", suffix_max_spec_factor=2.0)
+
+
+def test_one_speculative_config_for_the_embedded_engine_and_the_server(tmp_path):
+    """`engine_config.speculative_config` is the one builder: the engine's and the server's configs are
+    the same for the same mode and settings, model-drafter modes included."""
+    from agentspec_sdk.backends.embedded.vllm_start import engine_speculative_config
+    from agentspec_sdk.backends.engine_config import EngineConfig
+    from agentspec_sdk.backends.inside_vllm.vllm_hybrid import MODE_ENV
+
+    plan = tmp_path / "plan.json"
+    for mode in ("off", "ngram", "structure"):
+        server = ServerSpec(model="m", speculation=mode, gamma_max=6, plan_path=plan)
+        assert server.speculative_config() == engine_speculative_config(EngineConfig(speculation=mode), 6)
+    assert ServerSpec(model="m", speculation="ngram").speculative_config()["prompt_lookup_max"] == 5
+    draft = str(tmp_path / "draft")
+    for mode in ("draft_model", "draft_model+cut", "structure+draft_model"):
+        server = ServerSpec(model="m", speculation=mode, gamma_max=4, draft_model=draft, plan_path=plan)
+        assert server.speculative_config() == {"method": "draft_model", "model": draft,
+                                               "num_speculative_tokens": 4}
+        assert server.env()[MODE_ENV] == engine_config.MODEL_DRAFTERS[mode]
+        assert "--no-async-scheduling" in server.args()
+    with pytest.raises(BackendError, match="needs draft_model"):
+        ServerSpec(model="m", speculation="draft_model")
+    with pytest.raises(BackendError, match="draft_model applies to speculation"):
+        ServerSpec(model="m", speculation="ngram", draft_model=draft)

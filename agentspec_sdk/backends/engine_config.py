@@ -21,7 +21,7 @@ from agentspec_sdk.structure.tools import ToolRegistry
 
 SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model", "draft_model+cut",
                "structure+draft_model")
-# vLLM's draft_model method under our layer (backends.vllm_hybrid), by the layer's mode
+# vLLM's draft_model method under our layer (backends.inside_vllm.vllm_hybrid), by the layer's mode
 # (drafting.hybrid.MODEL_MODES): the model's drafts untouched (recorded per class), cut at the segment
 # end, or cut and weighed per row against the structure drafter's
 MODEL_DRAFTERS = {"draft_model": "observe", "draft_model+cut": "cut", "structure+draft_model": "hybrid"}
@@ -31,7 +31,8 @@ ABLATIONS = (None, "no_budget", "no_isolation", "rate_rule", "uncalibrated")
 ABLATION_PLAN = {None: {}, "no_budget": {"budget": False}, "no_isolation": {"isolation": False},
                  "rate_rule": {"budget_rule": "rate"}, "uncalibrated": {"calibrate": False}}
 STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
-PROPOSER_CLASS = "agentspec_sdk.backends.vllm_proposer.AgentSpecProposer"  # vLLM's custom_class speculator
+# vLLM's custom_class speculator, imported by vLLM from this path
+PROPOSER_CLASS = "agentspec_sdk.backends.inside_vllm.vllm_proposer.AgentSpecProposer"
 
 
 # KV block size on CPU. vLLM's CPU default is 128 tokens, and prefix caching reuses whole blocks only,
@@ -94,6 +95,31 @@ def stock_speculative_config(method: str, gamma: int, *, ngram_min: int = 2, ngr
             spec["suffix_decoding_min_token_prob"] = float(suffix_min_token_prob)
         return spec
     raise BackendError(f"not a stock vLLM drafter: {method!r}")
+
+
+def speculative_config(speculation: str, gamma: int, *, ngram_min: int = 2, ngram_max: int = 5,
+                       suffix_max_spec_factor: float | None = None,
+                       suffix_min_token_prob: float | None = None,
+                       draft_model: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for a speculation mode (None: off), the one builder of the embedded
+    engine (`embedded.vllm_start`) and the server launcher (`serving.server.ServerSpec`): the stock
+    drafters as `stock_speculative_config` writes them, `structure` as our `custom_class` proposer, the
+    model-drafter modes (`MODEL_DRAFTERS`) as vLLM's `draft_model` method over `draft_model` (a folder or
+    id, already resolved by the caller; vLLM 0.32 runs draft models on its padded drafter path only,
+    which our layer adapts to)."""
+    if speculation == "off":
+        return None
+    if speculation in STOCK:
+        return stock_speculative_config(speculation, gamma, ngram_min=ngram_min, ngram_max=ngram_max,
+                                        suffix_max_spec_factor=suffix_max_spec_factor,
+                                        suffix_min_token_prob=suffix_min_token_prob)
+    if speculation == "structure":
+        return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": gamma}
+    if speculation in MODEL_DRAFTERS:
+        if not draft_model:
+            raise BackendError(f"speculation={speculation!r} needs a draft model")
+        return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": gamma}
+    raise BackendError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
 
 
 def check_block_size(block_size: int | None) -> None:

@@ -15,8 +15,8 @@ target pass that verified this step's drafts, which is how the replay fits the v
 The file is bounded: when an append would take it past `max_bytes` (the plan's `records_max_bytes`,
 default 64 MiB) it is renamed to `<name>.1` (replacing the previous one) and a new file begins, so the
 records never take more than twice the cap on disk; `vllm_metrics.RecordsTail` follows the rename.
-An `observer` (the Prometheus counters of `backends.prom_metrics`) sees every resolved round and every
-budget decision as it happens, which is how a server reports acceptance without any file.
+An `observer` (the Prometheus counters of `backends.inside_vllm.prom_metrics`) sees every resolved round
+and every budget decision as it happens, which is how a server reports acceptance without any file.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def engine_kwargs(mode: str, gamma: int, suffix_tuned: tuple[float, float] = SUF
     if kw["speculation"] != "off":
         kw["gamma_max"] = gamma
     if mode in MODEL_DRAFT_MODES:
-        from agentspec_sdk.backends.draft_models import default_draft
+        from agentspec_sdk.backends.serving.draft_models import default_draft
 
         kw["draft_model"] = str(default_draft())
     if mode == "suffix-tuned":

@@ -361,8 +361,8 @@ def record(source: Annotated[str, typer.Option("--source", help="trace source: b
            eager: EAGER = True, model: MODEL = None, seed: SEED = 0) -> None:
     """Record agent traces: the model runs the agent loop, tools (and a code agent's code, in the
     sandbox) are executed for real."""
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
     from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
-    from agentspec_sdk.backends.vllm_engine import Engine
     from agentspec_sdk.replay.record import check_source_format
     from agentspec_sdk.replay.record import record as record_traces
     from agentspec_sdk.replay.trace import dump_traces

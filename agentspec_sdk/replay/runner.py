@@ -91,7 +91,7 @@ def _unique_tools(arms: list[Arm]) -> list[dict]:
 
 
 def build_engine(plan: Plan, cfg: ModeConfig):
-    from agentspec_sdk.backends.vllm_engine import Engine
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
     # The proposer picks a row's format by the open markers its prompt mentions, ties going to the
@@ -487,7 +487,7 @@ def _measure_entropies(plan: Plan, logs: dict[tuple, list[TurnLog]], entropies: 
                        meta: dict, on_status: Callable[[str], None] | None) -> None:
     """The target's entropies per law class over the `off` turns, into `entropies`; a failure is
     written to `meta` (the timed results stand without them)."""
-    from agentspec_sdk.backends.target_entropy import class_entropies
+    from agentspec_sdk.backends.embedded.target_entropy import class_entropies
 
     if on_status:
         on_status("entropies of the target per class")

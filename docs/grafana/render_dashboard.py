@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentspec_sdk.backends.prom_metrics import parse_agentspec
-from agentspec_sdk.backends.remote_inspect import parse_prometheus
+from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec
+from agentspec_sdk.backends.remote.remote_inspect import parse_prometheus
 
 HERE = Path(__file__).resolve().parent
 

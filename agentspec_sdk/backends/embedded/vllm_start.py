@@ -10,33 +10,24 @@ from typing import Any
 from agentspec_sdk.backends.engine_config import (
     CPU_BLOCK_SIZE,
     MODEL_DRAFTERS,
-    PROPOSER_CLASS,
-    STOCK,
     EngineConfig,
-    stock_speculative_config,
+    speculative_config,
 )
+from agentspec_sdk.backends.inside_vllm.vllm_grammar import EXACT_MASKS_ENV, patch_guidance, patch_slices
+from agentspec_sdk.backends.inside_vllm.vllm_hybrid import MODE_ENV, check_layout, register
 from agentspec_sdk.backends.model_bundle import resolve_model
-from agentspec_sdk.backends.vllm_grammar import EXACT_MASKS_ENV, patch_guidance, patch_slices
-from agentspec_sdk.backends.vllm_hybrid import MODE_ENV, check_layout, register
 from agentspec_sdk.drafting.plan import PLAN_ENV
 
-__all__ = ["speculative_config", "start_llm", "default_dtype", "default_block_size"]
+__all__ = ["engine_speculative_config", "start_llm", "default_dtype", "default_block_size"]
 
 
-def speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, Any] | None:
-    """vLLM's `speculative_config` for the engine's mode (None: off)."""
-    if cfg.speculation in STOCK:
-        return stock_speculative_config(cfg.speculation, gamma_max, ngram_min=cfg.ngram_min,
-                                        ngram_max=cfg.ngram_max,
-                                        suffix_max_spec_factor=cfg.suffix_max_spec_factor,
-                                        suffix_min_token_prob=cfg.suffix_min_token_prob)
-    if cfg.speculation == "structure":
-        return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": gamma_max}
-    if cfg.speculation in MODEL_DRAFTERS:
-        # vLLM 0.32 runs draft models on its padded drafter path only (the layer adapts to it)
-        return {"method": "draft_model", "model": resolve_model(cfg.draft_model),
-                "num_speculative_tokens": gamma_max}
-    return None
+def engine_speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for the engine's mode (None: off): `engine_config.speculative_config`,
+    the server's builder too, over the engine's settings."""
+    draft = resolve_model(cfg.draft_model) if cfg.speculation in MODEL_DRAFTERS else None
+    return speculative_config(cfg.speculation, gamma_max, ngram_min=cfg.ngram_min, ngram_max=cfg.ngram_max,
+                              suffix_max_spec_factor=cfg.suffix_max_spec_factor,
+                              suffix_min_token_prob=cfg.suffix_min_token_prob, draft_model=draft)
 
 
 def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int, plan_path: Path):
@@ -46,14 +37,14 @@ def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int,
     # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.in_process else "1"
-    # exact llguidance masks under speculation (backends.vllm_grammar): here for an in-process
+    # exact llguidance masks under speculation (backends.inside_vllm.vllm_grammar): here for an in-process
     # engine core, through the entry point in vLLM's own processes
     os.environ[EXACT_MASKS_ENV] = "1"
     patch_guidance()
     patch_slices()
     if cfg.reserved_cpus is not None:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cfg.reserved_cpus)
-    spec = speculative_config(cfg, gamma_max)
+    spec = engine_speculative_config(cfg, gamma_max)
     block = cfg.block_size or default_block_size()
     extra = {"block_size": block} if block else {}
     # restored after the start: they matter only while vLLM builds its engine (in this process)

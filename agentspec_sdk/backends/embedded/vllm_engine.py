@@ -26,17 +26,18 @@ from typing import Any
 
 from agentspec_sdk.backends.chat_template import ChatTemplate
 from agentspec_sdk.backends.contract import EngineBase
+from agentspec_sdk.backends.embedded.engine_totals import EngineTotals
+from agentspec_sdk.backends.embedded.pass_log import PassLog
+from agentspec_sdk.backends.embedded.scheduler_probe import SchedulerProbe
+from agentspec_sdk.backends.embedded.stock_observer import StockDraftObserver
+from agentspec_sdk.backends.embedded.turn_sampling import TurnSampling
+from agentspec_sdk.backends.embedded.vllm_start import start_llm
 from agentspec_sdk.backends.engine_config import ABLATION_PLAN, MODEL_DRAFTERS, STOCK, EngineConfig
-from agentspec_sdk.backends.engine_totals import EngineTotals
+from agentspec_sdk.backends.inside_vllm.vllm_hybrid import LAYER_ATTR, require_layer
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
-from agentspec_sdk.backends.pass_log import PassLog
 from agentspec_sdk.backends.prompts import prompt_text
-from agentspec_sdk.backends.scheduler_probe import SchedulerProbe
-from agentspec_sdk.backends.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.stream_split import StreamSplitter
-from agentspec_sdk.backends.turn_sampling import TurnSampling
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
-from agentspec_sdk.backends.vllm_hybrid import LAYER_ATTR, require_layer
 from agentspec_sdk.backends.vllm_metrics import (
     RecordsTail,
     acceptance_by_class,
@@ -44,7 +45,6 @@ from agentspec_sdk.backends.vllm_metrics import (
     settle_against_vllm,
     vllm_spec_counters,
 )
-from agentspec_sdk.backends.vllm_start import start_llm
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError, PromptTooLong
 from agentspec_sdk.structure.formats import AgentFormat, format_names
@@ -357,7 +357,8 @@ class Engine(EngineBase):
         return self._passes.entries(start, end)
 
     def proposer(self):
-        """The in-process drafter (model drafters: our layer, backends.vllm_hybrid); None out of process."""
+        """The in-process drafter (model drafters: our layer, backends.inside_vllm.vllm_hybrid); None out of
+        process."""
         try:
             core = self._engine.engine_core.engine_core
             runner = core.model_executor.driver_worker.worker.model_runner

@@ -20,8 +20,8 @@ import json
 from typing import Any
 
 from agentspec_sdk.backends.chat_template import AUTO, ChatTemplate
+from agentspec_sdk.backends.inside_vllm.tool_prompt import wrapper_info
 from agentspec_sdk.backends.prompts import chat_messages, template_messages
-from agentspec_sdk.backends.tool_prompt import wrapper_info
 from agentspec_sdk.errors import BackendError, MalformedResponse
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.tools import ToolRegistry

@@ -23,7 +23,7 @@ def make(layers: Annotated[int, typer.Option("--layers", help="decoder layers ke
          out: Annotated[Path | None, typer.Option(
              help="folder to write; default: $AGENTSPEC_CACHE/drafts/<model>-L<K>")] = None) -> None:
     """Write the first K decoder layers of the target (same embeddings, norm, tied head, tokenizer)."""
-    from agentspec_sdk.backends.draft_models import make_truncated_draft
+    from agentspec_sdk.backends.serving.draft_models import make_truncated_draft
 
     try:
         folder = make_truncated_draft(layers, model, out)

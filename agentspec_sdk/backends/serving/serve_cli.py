@@ -53,7 +53,7 @@ def load_formats(spec: str) -> list:
 def tool_format_of(name: str, formats: str | None = None) -> dict:
     """`--tool-format`: one of `--formats` (which may come from a JSON file) or a built-in, as a dict;
     its layout must carry tool calls (tool_calls or react)."""
-    from agentspec_sdk.backends.tool_prompt import LAYOUTS
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import LAYOUTS
     from agentspec_sdk.structure.formats import get_format
 
     known = {f.name: f for f in load_formats(formats)} if formats else {}
@@ -67,7 +67,7 @@ def tool_format_of(name: str, formats: str | None = None) -> dict:
 def write_tool_chat_template(model: str, fmt: dict, path: Path, template: Any = None) -> Path | None:
     """The chat template for plain clients (`tool_prompt.chat_template` over the model's own; `template`:
     the model's `ChatTemplate` when already read, for the decision)."""
-    from agentspec_sdk.backends.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
     from agentspec_sdk.structure.formats import AgentFormat
 
     path = write_chat_template(model, AgentFormat.from_dict(fmt), path, template)
@@ -129,7 +129,7 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server with the AgentSpec structure proposer inside it."""
     from agentspec_sdk.backends.model_bundle import cache_dir, resolve_model
-    from agentspec_sdk.backends.server import ServerSpec
+    from agentspec_sdk.backends.serving.server import ServerSpec
 
     try:
         if status is not None:
@@ -164,7 +164,7 @@ def serve(
 
 
 def _run_server(spec) -> int:
-    from agentspec_sdk.backends.server import ServerProcess
+    from agentspec_sdk.backends.serving.server import ServerProcess
 
     proc = ServerProcess(spec).start()  # a port in use is refused here, before vLLM runs
     if spec.multiproc_dir() is not None:
@@ -220,8 +220,8 @@ def server_status(url: str) -> str:
 
     import httpx
 
-    from agentspec_sdk.backends.prom_metrics import parse_agentspec, summarize
-    from agentspec_sdk.backends.remote_inspect import parse_prometheus
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec, summarize
+    from agentspec_sdk.backends.remote.remote_inspect import parse_prometheus
 
     if not re.match(r"^https?://[^/\s]+", url or ""):
         raise AgentSpecError(f"--status needs the server's URL (http://host:port), got {url!r}")

@@ -17,7 +17,7 @@ vLLM loads this file by path (`--tool-parser-plugin <this file> --tool-call-pars
 
 The prompt of such a request (the format's instructions and the tools in the system prompt, earlier
 calls written in the format) comes from the chat template `agentspec serve` writes
-(`backends.tool_prompt`). This is the only SDK module that imports vLLM's API-server classes.
+(`backends.inside_vllm.tool_prompt`). This is the only SDK module that imports vLLM's API-server classes.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
-from agentspec_sdk.backends.tool_prompt import LAYOUTS
+from agentspec_sdk.backends.inside_vllm.tool_prompt import LAYOUTS
 from agentspec_sdk.drafting.plan import PLAN_ENV
 from agentspec_sdk.errors import AgentSpecError, SchemaNotSupported, TurnParseError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
@@ -263,7 +263,7 @@ def share_tools(tools: list[dict]) -> None:
     with _shared_lock:
         if names <= _shared:
             return
-        from agentspec_sdk.backends.remote_inspect import PlanFile
+        from agentspec_sdk.backends.plan_file import PlanFile
 
         try:
             PlanFile(Path(path)).update(tools=registry_of(tools).openai_tools())

@@ -10,8 +10,8 @@ a "draft" line, so the engine wrapper can settle the last round of a request (wh
 sees resolved: the row leaves the batch) against the final output.
 
 Every settled round, budget decision and step also goes to the Prometheus metrics of
-`backends.prom_metrics` (on `vllm serve`'s own /metrics when PROMETHEUS_MULTIPROC_DIR is set), with or
-without a records file. The drafter keeps only its first KEEP_ROUNDS rounds in memory.
+`backends.inside_vllm.prom_metrics` (on `vllm serve`'s own /metrics when PROMETHEUS_MULTIPROC_DIR is
+set), with or without a records file. The drafter keeps only its first KEEP_ROUNDS rounds in memory.
 
 The drafter's `propose` never raises: it catches a failing step itself (no drafts, a batch error,
 logged with its traceback on `agentspec.drafting`), so this adapter has no catch of its own around it.
@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from agentspec_sdk.backends.prom_metrics import proposer_metrics
+from agentspec_sdk.backends.inside_vllm.prom_metrics import proposer_metrics
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.hybrid import HybridDrafter
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
@@ -38,7 +38,7 @@ KEEP_ROUNDS = 10_000  # rounds kept in memory for in-process inspection; counter
 class AgentSpecProposer:
     def __init__(self, vllm_config, model_mode: str | None = None):
         """`model_mode` (one of drafting.hybrid.MODEL_MODES): the structure layer over vLLM's draft
-        model (backends.vllm_hybrid); `propose` then takes the model's drafts per row."""
+        model (backends.inside_vllm.vllm_hybrid); `propose` then takes the model's drafts per row."""
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)

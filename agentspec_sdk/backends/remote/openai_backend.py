@@ -39,10 +39,18 @@ from typing import Any
 import openai
 
 from agentspec_sdk.backends.contract import EngineBase
-from agentspec_sdk.backends.prom_metrics import subtract, summarize
-from agentspec_sdk.backends.remote_inspect import PlanFile, ServerInspector
-from agentspec_sdk.backends.remote_template import ServedTemplate, fetch_served
-from agentspec_sdk.backends.remote_transport import Ledger, StreamReplay, Transport, field, int_list, seed_for
+from agentspec_sdk.backends.inside_vllm.prom_metrics import subtract, summarize
+from agentspec_sdk.backends.plan_file import PlanFile
+from agentspec_sdk.backends.remote.remote_inspect import ServerInspector
+from agentspec_sdk.backends.remote.remote_template import ServedTemplate, fetch_served
+from agentspec_sdk.backends.remote.remote_transport import (
+    Ledger,
+    StreamReplay,
+    Transport,
+    field,
+    int_list,
+    seed_for,
+)
 from agentspec_sdk.backends.stream_split import StreamSplitter
 from agentspec_sdk.backends.types import StreamEvent, TurnRequest, TurnResult, as_registry, merge_tools
 from agentspec_sdk.backends.vllm_metrics import (

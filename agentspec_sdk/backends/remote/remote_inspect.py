@@ -1,8 +1,7 @@
-"""Server inspection for the server client (`RemoteEngine`): /metrics, health checks, the plan file.
+"""Server inspection for the server client (`RemoteEngine`): /metrics and health checks.
 
 `ServerInspector` scrapes vLLM's spec-decode counters and the proposer's `agentspec:*` families from
-each `metrics_urls` page and runs the health check (`RemoteEngine.check`). `PlanFile` adds tools and
-formats to the plan of a server on this machine, so its proposer drafts for them.
+each `metrics_urls` page and runs the health check (`RemoteEngine.check`).
 """
 
 from __future__ import annotations
@@ -11,12 +10,11 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from agentspec_sdk.backends.prom_metrics import parse_agentspec
+from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec
 from agentspec_sdk.backends.types import TurnRequest, TurnResult
 from agentspec_sdk.errors import BackendError
 
@@ -38,29 +36,6 @@ def parse_prometheus(text: str) -> dict[str, float]:
             found = True
             out[name] += float(rest.rsplit(" ", 1)[-1])
     return out if found else {}
-
-
-class PlanFile:
-    """The plan of a server on this machine (`agentspec serve --plan`), edited in place."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def update(self, tools: list[dict] | None = None, fmt: Any = None) -> None:
-        """Add the tools (OpenAI dicts) whose names the plan lacks, and `fmt` where it differs."""
-        from agentspec_sdk.drafting.plan import DraftPlan
-
-        plan = DraftPlan.load(self.path)
-        changed = False
-        if tools is not None:
-            have = {t["function"]["name"] for t in plan.tools if "function" in t}
-            new = [t for t in tools if t["function"]["name"] not in have]
-            plan.tools, changed = plan.tools + new, bool(new)
-        if fmt is not None and fmt.to_dict() not in plan.formats:
-            plan.formats = [f for f in plan.formats if f.get("name") != fmt.name] + [fmt.to_dict()]
-            changed = True
-        if changed:
-            plan.save(self.path)
 
 
 class ServerInspector:

@@ -139,7 +139,7 @@ def _make_layer(vllm_config):
     spec = vllm_config.speculative_config if mode is not None else None
     if spec is None or not spec.uses_draft_model():
         return None
-    from agentspec_sdk.backends.vllm_proposer import AgentSpecProposer
+    from agentspec_sdk.backends.inside_vllm.vllm_proposer import AgentSpecProposer
 
     return AgentSpecProposer(vllm_config, model_mode=mode)
 

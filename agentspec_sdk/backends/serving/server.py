@@ -25,21 +25,26 @@ from typing import Literal
 
 from agentspec_sdk.backends.engine_config import (
     CPU_BLOCK_SIZE,
-    PROPOSER_CLASS,
+    MODEL_DRAFTERS,
     check_block_size,
     running_on_cpu,
-    stock_speculative_config,
+    speculative_config,
 )
-from agentspec_sdk.backends.vllm_grammar import EXACT_MASKS_ENV
+from agentspec_sdk.backends.inside_vllm.vllm_grammar import EXACT_MASKS_ENV
+from agentspec_sdk.backends.inside_vllm.vllm_hybrid import MODE_ENV
 from agentspec_sdk.drafting.plan import PLAN_ENV
 from agentspec_sdk.errors import BackendError
 
-Speculation = Literal["structure", "ngram", "suffix", "off"]
-SERVER_SPECULATION = ("structure", "ngram", "suffix", "off")
+Speculation = Literal["structure", "ngram", "suffix", "off", "draft_model", "draft_model+cut",
+                      "structure+draft_model"]
+SERVER_SPECULATION = ("structure", "ngram", "suffix", "off", *MODEL_DRAFTERS)
+# the modes that read the draft plan (the structure drafter, alone or weighed against a model's drafts)
+PLAN_MODES = ("structure", "structure+draft_model")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
-# The `agentspec` tool parser (plain OpenAI tool calling), loaded by vLLM from this file's path.
-TOOL_PARSER_FILE = Path(__file__).with_name("tool_parser.py")
+# The `agentspec` tool parser (plain OpenAI tool calling), loaded by vLLM from this file's path (the
+# in-vLLM room's module, named by path: importing it here would import vLLM's API server).
+TOOL_PARSER_FILE = Path(__file__).parents[1] / "inside_vllm" / "tool_parser.py"
 TOOL_FORMAT_ENV = "AGENTSPEC_TOOL_FORMAT"
 
 
@@ -63,7 +68,7 @@ class ServerSpec:
     kv_cache_bytes: int | None = None
     extra_args: list[str] = field(default_factory=list)
     # The proposer's Prometheus metrics on the server's /metrics (structure only): vLLM's multiprocess
-    # collection over this directory, emptied before every start (backends/prom_metrics.py).
+    # collection over this directory, emptied before every start (backends/inside_vllm/prom_metrics.py).
     metrics: bool = True
     metrics_dir: Path | None = None  # None: <tmp>/agentspec-prom-<port>
     # Plain OpenAI clients (`tools=[...]`): the `agentspec` tool parser builds each request's turn grammar
@@ -75,6 +80,10 @@ class ServerSpec:
     # suffix: vLLM's suffix_decoding_max_spec_factor / _min_token_prob (None: vLLM's defaults)
     suffix_max_spec_factor: float | None = None
     suffix_min_token_prob: float | None = None
+    ngram_min: int = 2  # ngram: shortest and longest match (the embedded engine's defaults)
+    ngram_max: int = 5
+    # speculation in MODEL_DRAFTERS: the draft model (a folder or id, as vLLM takes it)
+    draft_model: str | None = None
 
     def model_names(self) -> list[str]:
         """The names clients send as `model`: a short one first (`served_model_name`, else the model's
@@ -91,8 +100,13 @@ class ServerSpec:
         if not 0 < self.port < 65536:
             raise BackendError(f"port must be in 1..65535, got {self.port}")
         check_block_size(self.block_size)
-        if self.speculation == "structure" and self.plan_path is None:
-            raise BackendError("speculation='structure' needs a plan file (plan_path)")
+        if self.speculation in PLAN_MODES and self.plan_path is None:
+            raise BackendError(f"speculation={self.speculation!r} needs a plan file (plan_path)")
+        if self.speculation in MODEL_DRAFTERS and not self.draft_model:
+            raise BackendError(f"speculation={self.speculation!r} needs draft_model=<folder or id>")
+        if self.draft_model and self.speculation not in MODEL_DRAFTERS:
+            raise BackendError(f"draft_model applies to speculation {sorted(MODEL_DRAFTERS)} only, not "
+                               f"{self.speculation!r}")
 
     @property
     def base_url(self) -> str:
@@ -100,14 +114,12 @@ class ServerSpec:
         return f"http://{host}:{self.port}"
 
     def speculative_config(self) -> dict | None:
-        if self.speculation == "structure":
-            return {"method": "custom_class", "model": PROPOSER_CLASS,
-                    "num_speculative_tokens": self.gamma_max}
-        if self.speculation in ("ngram", "suffix"):
-            return stock_speculative_config(self.speculation, self.gamma_max, ngram_max=4,
-                                            suffix_max_spec_factor=self.suffix_max_spec_factor,
-                                            suffix_min_token_prob=self.suffix_min_token_prob)
-        return None
+        """The embedded engine's builder (`engine_config.speculative_config`) over this spec's settings."""
+        return speculative_config(self.speculation, self.gamma_max, ngram_min=self.ngram_min,
+                                  ngram_max=self.ngram_max,
+                                  suffix_max_spec_factor=self.suffix_max_spec_factor,
+                                  suffix_min_token_prob=self.suffix_min_token_prob,
+                                  draft_model=self.draft_model)
 
     def args(self) -> list[str]:
         """Arguments after `vllm serve`."""
@@ -138,13 +150,17 @@ class ServerSpec:
             args += ["--chat-template", str(Path(self.chat_template).resolve()),
                      "--chat-template-content-format", "string"]
         # /tokenizer_info: the served chat template and special tokens, from which `RemoteEngine`
-        # makes the embedded engine's prompt decision (backends/remote_template.py)
+        # makes the embedded engine's prompt decision (backends/remote/remote_template.py)
         args += ["--enable-tokenizer-info-endpoint"]
         spec = self.speculative_config()
         if spec is not None:
             args += ["--speculative-config", json.dumps(spec, separators=(",", ":")),
                      # drafted/accepted per verify step in every response (metrics.speculative_decoding)
                      "--per-request-spec-decode-metrics", "detailed"]
+        if self.speculation in MODEL_DRAFTERS:
+            # our layer reads the CPU token histories, which async scheduling fills with placeholders
+            # (as the embedded engine's start, embedded/vllm_start.py)
+            args += ["--no-async-scheduling"]
         return args + list(self.extra_args)
 
     def command(self) -> list[str]:
@@ -164,12 +180,17 @@ class ServerSpec:
     def env(self) -> dict[str, str]:
         """Environment variables the server needs on top of the caller's."""
         env = {PLAN_ENV: str(Path(self.plan_path).resolve())} if self.plan_path else {}
-        env[EXACT_MASKS_ENV] = "1"  # exact llguidance masks under speculation (backends.vllm_grammar)
+        # exact llguidance masks under speculation (backends.inside_vllm.vllm_grammar)
+        env[EXACT_MASKS_ENV] = "1"
         if self.multiproc_dir() is not None:
             env[MULTIPROC_ENV] = str(self.multiproc_dir())
         if self.tool_parser and self.tool_format != "tool_calls":
             fmt = self.tool_format
             env[TOOL_FORMAT_ENV] = fmt if isinstance(fmt, str) else json.dumps(fmt, separators=(",", ":"))
+        if self.speculation in MODEL_DRAFTERS:
+            # the model-drafter layer's entry point (inside_vllm/vllm_hybrid.py) patches the V1 runner
+            env[MODE_ENV] = MODEL_DRAFTERS[self.speculation]
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         return env
 
     def multiproc_dir(self) -> Path | None:
