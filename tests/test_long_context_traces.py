@@ -75,7 +75,7 @@ def test_demo_and_bench_take_the_trace_file(monkeypatch, tmp_path, command):
     from agentspec_sdk.replay import cli
 
     plans = []
-    monkeypatch.setattr(cli, "_execute", lambda plan, out, desc: plans.append(plan) or {"runs": []})
+    monkeypatch.setattr(cli, "_execute", lambda plan, out, desc, *_: plans.append(plan) or {"runs": []})
     monkeypatch.setattr(cli, "_headline", lambda report: None)
     if command == "demo":
         cli.demo(out=tmp_path, episodes=3, modes="off,structure", traces=LONG)

@@ -565,7 +565,7 @@ def test_bench_plans_repeats_and_the_tuned_suffix_pair(monkeypatch, tmp_path, ca
     from agentspec_sdk.replay import cli
 
     plans = []
-    monkeypatch.setattr(cli, "_execute", lambda plan, out, desc: plans.append(plan) or {"runs": []})
+    monkeypatch.setattr(cli, "_execute", lambda plan, out, desc, *_: plans.append(plan) or {"runs": []})
     monkeypatch.setattr(cli, "_headline", lambda report: None)
     common = {"out": tmp_path, "arms": "B", "modes": "suffix,suffix-tuned,structure", "gammas": "4",
               "batches": "1", "n": 2, "prefix_check": False, "entropies": False}
