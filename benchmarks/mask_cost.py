@@ -78,6 +78,14 @@ def load_set(name: str) -> tuple[list[dict], list[str]]:
     return [{**t, "grammar": fmts.index(t["fmt"])} for t in turns], grammars
 
 
+def _unwrapped(fn):
+    """The function our patch wrapped (`functools.wraps` keeps it as `__wrapped__`), else `fn`."""
+    while getattr(fn, "__code__", None) is not None and fn.__code__.co_filename.endswith("vllm_grammar.py") \
+            and "agentspec_sdk" in fn.__code__.co_filename and hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
 class Setup:
     """vLLM's llguidance tokenizers and grammar classes, stock and patched."""
 
@@ -86,11 +94,17 @@ class Setup:
         from transformers import AutoConfig
         from vllm.v1.structured_output.backend_guidance import GuidanceBackend, GuidanceGrammar
 
-        from agentspec_sdk.backends.inside_vllm.vllm_grammar import patch_guidance, patch_slices
+        from agentspec_sdk.backends.inside_vllm.vllm_grammar import _HOOKED, patch_guidance, patch_slices
         from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
 
         tokenizer = load_tokenizer(None)
         vocab = AutoConfig.from_pretrained(resolve_model(None)).vocab_size  # ModelConfig.get_vocab_size
+        # vLLM's classes as vLLM ships them, also where this process already patched them (an
+        # embedded engine installs both patches in-process): the patches wrap the originals
+        GuidanceGrammar = type("GuidanceGrammar", (GuidanceGrammar,), {
+            name: _unwrapped(getattr(GuidanceGrammar, name)) for name in _HOOKED})
+        GuidanceBackend = type("GuidanceBackend", (GuidanceBackend,), {
+            "_build_ll_tokenizer": staticmethod(_unwrapped(GuidanceBackend._build_ll_tokenizer))})
 
         class SlicedBackend(GuidanceBackend):
             pass
