@@ -6,7 +6,7 @@ llguidance's `&` and `~` (``/(?s:.*)M/ & ~/(?s:.*(?:A|B|M).+)/``) the language i
 llguidance cannot fill a mask in that state from its token slices: it walks the whole vocabulary,
 0.29 ms per mask with SmolLM2's 49k tokens, and vLLM fills one per draft position and row, every
 pass. The same language as a plain regex, built here from the markers' automaton, lets the slices
-of `backends.vllm_grammar` apply (docs/formats.md, "Free text and the cost of a mask").
+of `backends.inside_vllm.vllm_grammar` apply (docs/formats.md, "Free text and the cost of a mask").
 
 The automaton reads the text and keeps the longest suffix that is a proper prefix of a marker (the
 Aho-Corasick states); a marker that completes kills the text, except the final marker at the very

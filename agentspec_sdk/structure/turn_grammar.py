@@ -472,7 +472,7 @@ class _Builder:
                      not_first: tuple[str, ...] = ()) -> str:
         """llguidance's lexeme of marker-free text: one plain regex from the markers' automaton
         (`structure.marker_free`), not `&`/`~` (the same language; masks in it cost 5 µs, not 0.29
-        ms, with the token slices vLLM's engine gets from `backends.vllm_grammar`)."""
+        ms, with the token slices vLLM's engine gets from `backends.inside_vllm.vllm_grammar`)."""
         if self.dialect != "llguidance":
             return ""
         return "/" + marker_free_regex(avoid, then=then, not_first=not_first) + "/"
