@@ -183,23 +183,9 @@ class Structure:
 
 # -- the replay ---------------------------------------------------------------------------------------
 
-def episode_order(turns: list[dict]) -> list[int | None]:
-    """Each turn's previous turn in its episode (benchmarks/offline_drafting.py's `predecessors`)."""
-    out: list[int | None] = []
-    for j, t in enumerate(turns):
-        best = None
-        for i in range(j):
-            n = len(turns[i]["prompt"])
-            if len(t["prompt"]) > n and t["prompt"][:n] == turns[i]["prompt"] \
-                    and (best is None or n > len(turns[best]["prompt"])):
-                best = i
-        out.append(best)
-    return out
-
-
 def copies(turns: list[dict], count: int) -> tuple[list[dict], list[int | None]]:
     """`count` copies of the turns, each copy its own episodes (predecessors inside the copy)."""
-    pred = episode_order(turns)
+    pred = _offline().predecessors(turns)
     out, preds = [], []
     for c in range(count):
         base = c * len(turns)
@@ -316,15 +302,20 @@ def _drain_reaper() -> None:
         time.sleep(0.0002)
 
 
-def grammar_trim(grammars: list[str]):
-    if not grammars:
-        return None
+def _offline():
+    """benchmarks/offline_drafting.py (its episode order and grammar trim)."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from offline_drafting import GrammarTrim
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import offline_drafting
 
-    return GrammarTrim(grammars)
+    return offline_drafting
+
+
+def grammar_trim(grammars: list[str]):
+    return _offline().GrammarTrim(grammars) if grammars else None
 
 
 def summary(steps: list[dict], batch: int) -> dict:
