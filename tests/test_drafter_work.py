@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from agentspec_sdk.drafting import lookup as lookup_mod
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.plan import DraftPlan
-from agentspec_sdk.drafting.rows import TAIL
+from agentspec_sdk.drafting.rows import TAIL, RowInput
 from agentspec_sdk.drafting.text import HistoryText
 from agentspec_sdk.structure.segmenter import Segmenter
 

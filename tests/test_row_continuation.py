@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from agentspec_sdk.drafting import suffix_source
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.plan import DraftPlan
-from agentspec_sdk.drafting.rows import Parking, RowState
+from agentspec_sdk.drafting.rows import Parking, RowInput, RowState
 from agentspec_sdk.drafting.text import HistoryText
 from agentspec_sdk.structure import segmenter as segmenter_mod
 from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS

@@ -1,7 +1,7 @@
 """Structure-aware drafting logic (no vllm import): the plan, the proposer, the budget allocator."""
 
 from agentspec_sdk.drafting.budget import allocate, batch_price, fixed, predicted_saving, row_prices
-from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan, PlanError, PlanWatcher
 from agentspec_sdk.drafting.records import DraftRound
@@ -13,7 +13,6 @@ __all__ = [
     "PlanError",
     "PlanWatcher",
     "RollingHash",
-    "RowInput",
     "StructureDrafter",
     "allocate",
     "batch_price",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from agentspec_sdk.drafting.budget import TokenRate
 from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource
-from agentspec_sdk.drafting.choice import CHOICE_STEP, ChoiceBias, RowChoice
+from agentspec_sdk.drafting.choice import ChoiceBias, RowChoice
 from agentspec_sdk.drafting.grammars import CallGrammars
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.pricing import Estimates, Sizer
@@ -43,7 +43,7 @@ from agentspec_sdk.law.estimators import OnlineAcceptance
 from agentspec_sdk.structure.format_detect import prompt_format
 from agentspec_sdk.structure.formats import AgentFormat
 
-__all__ = ["CHOICE_STEP", "LOG_EVERY", "LOGGED_FAILURES", "RowInput", "StructureDrafter"]
+__all__ = ["LOG_EVERY", "LOGGED_FAILURES", "StructureDrafter"]
 
 log = logging.getLogger("agentspec.drafting")
 
