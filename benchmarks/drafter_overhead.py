@@ -194,8 +194,9 @@ def context_profile(lengths: list[int], batch: int, gamma: int, profile: bool = 
     import pstats
 
     from agentspec_sdk.backends.model_bundle import load_tokenizer, resolve_model
-    from agentspec_sdk.drafting.drafter import RowInput, StructureDrafter
+    from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.plan import DraftPlan
+    from agentspec_sdk.drafting.rows import RowInput
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
     tok = load_tokenizer(None)
