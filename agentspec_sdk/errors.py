@@ -89,3 +89,9 @@ class MalformedResponse(BackendError):
 
 class BfclDataError(AgentSpecError):
     """bfcl-eval is missing, or a BFCL data file, category or class does not exist."""
+
+
+class CaptureError(AgentSpecError):
+    """A capture file is unreadable (no header, unknown version, a malformed line, a turn naming an
+    unknown grammar or tools id), or a capture setting is out of range; the message names the file and
+    line or the setting."""
