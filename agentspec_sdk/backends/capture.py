@@ -73,6 +73,10 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _line(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
 def tools_id(tools: list[dict]) -> str:
     return _digest("t", _canonical(tools))
 
@@ -155,13 +159,13 @@ class CaptureWriter:
             tid = gid = None
             if tools is not None:
                 tid = tools_id(tools)
-                extra.append((tid, _canonical({"type": "tools", "id": tid, "tools": tools})))
+                extra.append((tid, _line({"type": "tools", "id": tid, "tools": tools})))
             if grammar is not None:
                 grammar = Grammar(str(grammar[0]), str(grammar[1]))
                 gid = grammar_id(grammar)
-                extra.append((gid, _canonical({"type": "grammar", "id": gid, "kind": grammar.kind,
-                                               "text": grammar.text})))
-            turn = _canonical({
+                extra.append((gid, _line({"type": "grammar", "id": gid, "kind": grammar.kind,
+                                          "text": grammar.text})))
+            turn = _line({
                 "type": "turn", "id": str(id), "episode": None if episode is None else str(episode),
                 "prompt": [int(t) for t in prompt], "out": [int(t) for t in out],
                 "temperature": float(temperature), "grammar": gid, "format": format, "tools": tid,
@@ -193,7 +197,7 @@ class CaptureWriter:
         path = self.directory / f"capture-{pid}-{seq}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self._fh = os.fdopen(fd, "wb")
-        header = _canonical({"agentspec_capture": CAPTURE_VERSION,
+        header = _line({"agentspec_capture": CAPTURE_VERSION,
                              "created": datetime.datetime.now(datetime.UTC).isoformat(),
                              "writer": self.writer, "model": self.model, "pid": pid}) + "\n"
         self._fh.write(header.encode("utf-8"))
