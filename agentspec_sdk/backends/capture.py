@@ -155,16 +155,16 @@ class CaptureWriter:
                 raise CaptureError(f"capture writer for {self.directory} is closed")
             if not self.keeps(episode):
                 return False
-            extra: list[tuple[str, str]] = []  # (id, line) of tools / grammar lines this turn needs
+            extra: list[tuple[str, dict]] = []  # (id, record) of tools / grammar lines this turn needs
             tid = gid = None
             if tools is not None:
                 tid = tools_id(tools)
-                extra.append((tid, _line({"type": "tools", "id": tid, "tools": tools})))
+                extra.append((tid, {"type": "tools", "id": tid, "tools": tools}))
             if grammar is not None:
                 grammar = Grammar(str(grammar[0]), str(grammar[1]))
                 gid = grammar_id(grammar)
-                extra.append((gid, _line({"type": "grammar", "id": gid, "kind": grammar.kind,
-                                          "text": grammar.text})))
+                extra.append((gid, {"type": "grammar", "id": gid, "kind": grammar.kind,
+                                    "text": grammar.text}))
             turn = _line({
                 "type": "turn", "id": str(id), "episode": None if episode is None else str(episode),
                 "prompt": [int(t) for t in prompt], "out": [int(t) for t in out],
@@ -173,9 +173,9 @@ class CaptureWriter:
             self._append(extra, turn)
             return True
 
-    def _append(self, extra: list[tuple[str, str]], turn: str) -> None:
-        def block() -> bytes:
-            lines = [line for key, line in extra if key not in self._written] + [turn]
+    def _append(self, extra: list[tuple[str, dict]], turn: str) -> None:
+        def block() -> bytes:  # a tools or grammar line once per file, before its first turn
+            lines = [_line(record) for key, record in extra if key not in self._written] + [turn]
             return ("\n".join(lines) + "\n").encode("utf-8")
 
         data = block()
