@@ -297,7 +297,26 @@ def test_served_turns_of_a_plain_openai_client_are_captured(served):
     assert len(call.prompt) == plain.usage.prompt_tokens
     assert text.tools is None and text.format is None
     assert tok.decode(text.out, skip_special_tokens=True).strip() == streamed.strip()
-    assert text.prompt[:len(call.prompt) // 2] != [] and text.started <= text.finished
+    assert text.prompt and text.started <= text.finished
+
+
+@pytest.mark.server
+def test_our_clients_turns_are_captured_with_their_format_and_agent(served):
+    """`RemoteEngine` names the turn's format (`x-agentspec-format`) and its agent (`user`): the
+    captured turn has them, the grammar it sent, and the token ids the client got back."""
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.types import TurnRequest
+
+    proc, work = served
+    with RemoteEngine(proc.base_url) as remote:
+        req = TurnRequest(messages=[{"role": "user", "content": "What is the weather in Rome?"}], fmt="react",
+                          tools=WEATHER, max_tokens=40, agent_id="ep2", request_id="capture/rome")
+        res = remote.submit(req).result(timeout=300)
+        grammar = remote.grammar_for("react", WEATHER)
+    assert res.ok, res.error
+    (turn,) = [t for t in read_capture([work / "capture"]).turns if t.episode == "ep2"]
+    assert turn.format == "react" and turn.grammar == Grammar("lark", grammar)
+    assert (turn.prompt, turn.out) == (res.prompt_token_ids, res.token_ids)
 
 
 WEATHER = [{"type": "function", "function": {

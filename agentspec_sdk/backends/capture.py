@@ -25,10 +25,12 @@ from typing import Any, NamedTuple
 
 from agentspec_sdk.errors import CaptureError
 
-__all__ = ["CAPTURE_VERSION", "Capture", "CaptureWriter", "CapturedTurn", "Grammar", "WRITERS",
-           "read_capture", "writer_for"]
+__all__ = ["CAPTURE_VERSION", "FORMAT_HEADER", "Capture", "CaptureWriter", "CapturedTurn", "Grammar",
+           "WRITERS", "read_capture", "writer_for"]
 
 CAPTURE_VERSION = 1
+# the agent format of a chat request, named by our client (`RemoteEngine`) for a capturing server
+FORMAT_HEADER = "x-agentspec-format"
 WRITERS = ("engine", "serve", "replay")
 DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_MAX_FILES = 8
