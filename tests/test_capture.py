@@ -255,6 +255,34 @@ def test_serve_passes_the_capture_directory_and_bounds_to_vllm(tmp_path):
         ServerSpec(model="m", speculation="off", capture_dir=tmp_path, capture_max_files=0)
 
 
+def test_serve_capture_on_the_command_line(tmp_path):
+    """`agentspec serve --capture DIR --dry-run`: the printed command carries the capture's directory and
+    bounds; a bad bound is named before anything starts."""
+    import shlex
+
+    import typer
+    from typer.testing import CliRunner
+
+    from agentspec_sdk.backends.serving.serve_cli import serve
+
+    app = typer.Typer()
+    app.command("serve")(serve)
+    app.command("noop")(lambda: None)
+    (tmp_path / "config.json").write_text("{}")
+    base = ["serve", "--model", str(tmp_path), "--speculation", "off", "--no-tool-parser", "--dry-run",
+            "--capture", str(tmp_path / "cap")]
+    out = CliRunner().invoke(app, [*base, "--capture-sample", "0.5", "--capture-max-mb", "1",
+                                   "--capture-max-files", "3"])
+    assert out.exit_code == 0, out.output
+    line = shlex.split(out.output.splitlines()[-1])
+    env = dict(w.split("=", 1) for w in line if w.startswith("AGENTSPEC_"))
+    assert env["AGENTSPEC_CAPTURE_DIR"] == str((tmp_path / "cap").resolve())
+    assert (env["AGENTSPEC_CAPTURE_SAMPLE"], env["AGENTSPEC_CAPTURE_MAX_BYTES"],
+            env["AGENTSPEC_CAPTURE_MAX_FILES"]) == ("0.5", str(1 << 20), "3")
+    bad = CliRunner().invoke(app, [*base, "--capture-sample", "2"])
+    assert bad.exit_code == 2 and "capture sample must be a number in [0, 1], got 2.0" in bad.output
+
+
 def test_the_capture_hook_is_inert_unless_asked(monkeypatch):
     import sys
 
