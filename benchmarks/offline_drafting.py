@@ -315,23 +315,32 @@ class ExpectedGain:
 
 
 class StructureCall:
-    """The structure drafter as simulate calls it; `classes[k]`: the law class of row k's last draft;
-    with `explain`, `notes[k]`: what the drafter weighed for row k in the last step."""
+    """The structure drafter as simulate calls it; `classes[k]` / `kinds[k]`: the law class of row k's
+    last draft / the segment kind row k was in (drafter.last_kinds); with `explain`, `notes[k]`: what
+    the drafter weighed for row k in the last step.
 
-    def __init__(self, drafter, explain: bool = False):
-        self.drafter, self.classes, self.notes = drafter, [], []
+    `finished_first`: the rows that finished in the previous step are handed over before the active
+    ones (simulate's `first`), as the keyed SuffixDrafter learns them (`retire`) before its next
+    step: the order under which a "trees" policy drafts what SuffixDrafter drafts."""
+
+    def __init__(self, drafter, explain: bool = False, finished_first: bool = False):
+        self.drafter, self.classes, self.kinds, self.notes = drafter, [], [], []
+        self.finished_first = finished_first
         if explain:
             drafter.explain = []
 
-    def __call__(self, histories) -> list[list[int]]:
+    def __call__(self, histories, first: int = 0) -> list[list[int]]:
+        """Drafts for `histories[first:]` (the rows before `first` are only learned from)."""
         from agentspec_sdk.drafting.rows import RowInput
 
-        drafts = self.drafter.propose([RowInput(h) for h in histories])
+        drafts = self.drafter.propose([RowInput(h) for h in histories])[first:]
         if self.drafter.explain is not None:
-            self.notes = self.drafter.explain.pop() if self.drafter.explain else [{} for _ in histories]
+            self.notes = (self.drafter.explain.pop()[first:] if self.drafter.explain
+                          else [{} for _ in drafts])
             self.drafter.explain.clear()
-        pending = [self.drafter.pending_draft(k) if d else None for k, d in enumerate(drafts)]
+        pending = [self.drafter.pending_draft(first + k) if d else None for k, d in enumerate(drafts)]
         self.classes = [p.law_class if p is not None else None for p in pending]
+        self.kinds = self.drafter.last_kinds[first:]
         return drafts
 
 
@@ -533,14 +542,16 @@ def priced(delta: float, batch: int) -> dict:
 
 
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
-                      boundary: str = "price", **plan_fields):
+                      boundary: str = "price", finished_first: bool = False, **fields):
     """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
-    (the drafter before they became one of its sources); `plan_fields`: other DraftPlan fields
-    (e.g. delta_ctx=0: every row priced alike)."""
+    (the drafter before they became one of its sources); `fields`: other DraftPlan fields (e.g.
+    delta_ctx=0: every row priced alike, kinds: a policy per segment kind) or lab switches
+    (drafting.lab.LabSwitches, e.g. budget_rule="rate"). `finished_first`: see `StructureCall`."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.lab import LAB_FIELDS, LabSwitches
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.replay.arms import PROSE
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, format_names
@@ -550,9 +561,11 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, 
     # engine adds it for arm A
     formats = [REACT, TOOL_CALLS, CODE_AGENT] + ([PROSE] if PROSE.name in format_names() else [])
     # learn_delta off: the simulated steps have no target pass to time
-    plan = DraftPlan(formats=formats, tools=tools, tokenizer=model, gamma_max=gamma,
-                     learn_delta=False, suffix_trees=suffix_trees, boundary=boundary, **plan_fields)
-    return StructureCall(StructureDrafter(plan, AutoTokenizer.from_pretrained(model)), explain=explain)
+    lab = LabSwitches(suffix_trees=suffix_trees, **{k: v for k, v in fields.items() if k in LAB_FIELDS})
+    plan = DraftPlan(formats=formats, tools=tools, tokenizer=model, gamma_max=gamma, learn_delta=False,
+                     boundary=boundary, **{k: v for k, v in fields.items() if k not in LAB_FIELDS})
+    drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model), lab=lab)
+    return StructureCall(drafter, explain=explain, finished_first=finished_first)
 
 
 def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
@@ -664,6 +677,8 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
                 if getattr(d, "keyed", False):
                     per.append(d([(i, len(turns[i]["prompt"]), histories[i], turns[i]["out"][told[i]:pos[i]])
                                   for i in active]))
+                elif getattr(d, "finished_first", False):
+                    per.append(d([histories[i] for i in finishing + active], first=len(finishing)))
                 else:
                     per.append(d([histories[i] for i in called])[:len(active)])
             for i in active:

@@ -11,6 +11,7 @@ from agentspec_sdk.drafting import rows as rows_mod
 from agentspec_sdk.drafting import text as text_mod
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import RowInput
 from agentspec_sdk.drafting.text import HistoryText, TokenBytes
@@ -264,7 +265,7 @@ def test_draft_estimates_are_calibrated_by_what_the_target_accepted(tok):
     chained = Candidate([5, 6], ["forced", "suffix"], "prose", "F", [1.0, 0.9])
     depth0 = cal.factor("F", "prose", "suffix", 0)
     assert drafter.estimates.confidences(chained)[1] == pytest.approx(0.9 * depth0)
-    off = StructureDrafter(DraftPlan(tools=[], calibrate=False), tok)
+    off = StructureDrafter(DraftPlan(tools=[]), tok, lab=LabSwitches(calibrate=False))
     off.accounting.calibration = cal
     fresh = Candidate([5, 6, 7], ["suffix", "suffix", "extend"], "prose", "F", [0.9, 0.9, 0.5])
     assert off.estimates.confidences(fresh) == [0.9, 0.9, 0.5]
@@ -366,10 +367,12 @@ def test_plan_round_trips_and_rejects_bad_fields(tmp_path):
         DraftPlan.from_dict({"gama_max": 3})
     with pytest.raises(PlanError, match="prior_acceptance"):
         DraftPlan(prior_acceptance={"S": 1.5})
-    with pytest.raises(PlanError, match="budget_rule must be 'rate' or 'value', got 'ratio'"):
-        DraftPlan(budget_rule="ratio")
-    with pytest.raises(PlanError, match="calibrate must be true or false, got 'no'"):
-        DraftPlan(calibrate="no")
+    with pytest.raises(PlanError, match="budget_rule='rate' is a lab switch"):
+        DraftPlan(budget_rule="rate")
+    with pytest.raises(PlanError, match="lab switches: .*budget_rule"):
+        LabSwitches.of({"budget_rule": "ratio"})
+    with pytest.raises(PlanError, match="lab switches: .*calibrate"):
+        LabSwitches.of({"calibrate": "no"})
     with pytest.raises(PlanError, match="not valid JSON"):
         (tmp_path / "bad.json").write_text("{")
         DraftPlan.load(tmp_path / "bad.json")
@@ -405,7 +408,8 @@ def test_ablation_without_isolation_drafts_across_segments(tok):
     ids = tok.encode(prompt + msgs_out + ' <tool_call>{"name": "a", "arguments": {}}</tool')
     # the wall: the draft stops at the segment end (boundary "price", the default, may price past it)
     iso = StructureDrafter(DraftPlan(tools=[], boundary="wall"), tok).propose([RowInput(np.array(ids))])[0]
-    free = StructureDrafter(DraftPlan(tools=[], isolation=False), tok).propose([RowInput(np.array(ids))])[0]
+    free = StructureDrafter(DraftPlan(tools=[]), tok, lab=LabSwitches(isolation=False)).propose(
+        [RowInput(np.array(ids))])[0]
     assert tok.decode(iso) == "_call>"
     assert tok.decode(free).startswith("_call>\nThen")
 
@@ -415,7 +419,8 @@ def test_ablation_without_budget_drafts_fixed_lengths(tok):
                      + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
     capped = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3), tok)
     assert len(capped.propose([RowInput(np.array(ids))])[0]) == 3
-    fixed = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3, budget=False), tok)
+    fixed = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3), tok,
+                             lab=LabSwitches(budget=False))
     assert len(fixed.propose([RowInput(np.array(ids))])[0]) > 3
 
 
@@ -471,16 +476,71 @@ def test_an_unsupported_tool_schema_disables_forcing_only(tok):
     assert tok.decode(drafter.propose([RowInput(np.array(ids))])[0]).startswith("avista")
 
 
-def test_every_bench_ablation_is_a_valid_plan():
-    """The bench modes structure-no-budget, -no-isolation, -rate-rule and -uncalibrated reach the
-    drafter as plan fields (`engine_config.ABLATION_PLAN`, what `Engine` builds its plan with)."""
-    from agentspec_sdk.backends.engine_config import ABLATION_PLAN, ABLATIONS
-    from agentspec_sdk.replay.arms import MODES
+def test_every_bench_ablation_reaches_the_engine_as_lab_switches_not_plan_fields():
+    """The bench modes structure-no-budget, -no-isolation, -rate-rule, -uncalibrated and -no-suffix
+    are engine settings (`EngineConfig.lab`, drafting.lab.ABLATIONS), each one switch off; a plan
+    holds none of them (its file refuses an ablation's value, and accepts the defaults older files
+    hold)."""
+    from agentspec_sdk.backends.engine_config import EngineConfig
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_FIELDS
+    from agentspec_sdk.replay.arms import MODES, engine_kwargs
 
-    assert set(ABLATION_PLAN) == set(ABLATIONS)
-    for mode in ("structure-no-budget", "structure-no-isolation", "structure-rate-rule",
-                 "structure-uncalibrated"):
-        fields = ABLATION_PLAN[MODES[mode]["ablation"]]
-        plan = DraftPlan(tools=TOOLS, **fields)
-        assert fields and all(getattr(plan, k) == v for k, v in fields.items())
-    assert DraftPlan(tools=TOOLS).budget_rule == "value"
+    for name in ("no-budget", "no-isolation", "rate-rule", "uncalibrated", "no-suffix"):
+        kw = engine_kwargs(f"structure-{name}", 8)
+        lab = EngineConfig(**kw).lab
+        assert lab is ABLATIONS[name.replace("-", "_")] and not lab.is_default
+        changed = {k for k, v in lab.model_dump().items() if v != LAB_FIELDS[k]}
+        assert len(changed) == 1
+        (field,) = changed
+        with pytest.raises(PlanError, match=f"{field}=.* is a lab switch"):
+            DraftPlan.from_dict({"tools": TOOLS, field: getattr(lab, field)})
+    assert "lab" not in MODES["structure"] and not set(LAB_FIELDS) & set(DraftPlan(tools=TOOLS).to_dict())
+    assert DraftPlan.from_dict({"tools": TOOLS, **LAB_FIELDS}) == DraftPlan(tools=TOOLS)
+
+
+def test_the_lab_switches_reach_the_proposer_through_their_own_file_only(tmp_path, monkeypatch):
+    """`AGENTSPEC_LAB` (written by an engine given `lab=`) names the switches the in-vLLM proposer's
+    drafter runs with; unset, the drafter runs as it ships; a bad file names itself."""
+    from types import SimpleNamespace
+
+    from agentspec_sdk.backends.inside_vllm.vllm_proposer import AgentSpecProposer
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_ENV
+    from agentspec_sdk.drafting.plan import PLAN_ENV
+
+    plan_path = DraftPlan(tools=TOOLS, tokenizer=str(resolve_model())).save(tmp_path / "plan.json")
+    monkeypatch.setenv(PLAN_ENV, str(plan_path))
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                             model_config=SimpleNamespace(max_model_len=512, tokenizer=resolve_model()))
+    monkeypatch.delenv(LAB_ENV, raising=False)
+    assert AgentSpecProposer(config).drafter.lab.is_default
+    monkeypatch.setenv(LAB_ENV, str(ABLATIONS["no_isolation"].save(tmp_path / "lab.json")))
+    proposer = AgentSpecProposer(config)
+    assert proposer.drafter.lab == ABLATIONS["no_isolation"] and proposer.drafter.max_model_len == 512
+    assert "isolation" not in json.loads(plan_path.read_text())
+    (tmp_path / "bad.json").write_text('{"isolation": "no"}')
+    monkeypatch.setenv(LAB_ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(PlanError, match=f"lab switches {tmp_path / 'bad.json'}: isolation: Input should be"):
+        AgentSpecProposer(config)
+
+
+@pytest.mark.engine
+def test_a_bench_ablation_mode_runs_in_the_engine_with_its_lab_switches():
+    """`agentspec bench`'s mode structure-no-budget in real vLLM: the engine's proposer runs with the
+    mode's switches (budget off), drafts, and the plan file the engine wrote holds no switch."""
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
+    from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.bfcl import tool_call_prompts
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_FIELDS
+    from agentspec_sdk.replay.arms import engine_kwargs
+
+    settings = engine_kwargs("structure-no-budget", 8)
+    with Engine(max_model_len=2048, kv_cache_gb=1.0, seed=0, **settings) as engine:
+        drafter = engine.proposer().drafter
+        results = engine.generate([TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call",
+                                               max_tokens=48, request_id=p.id) for p in tool_call_prompts(3)])
+        assert drafter.lab == ABLATIONS["no_budget"] and not drafter.lab.budget
+        assert not set(LAB_FIELDS) & set(json.loads(engine.plan_path.read_text()))
+        assert all(r.token_ids for r in results)
+        assert sum(c["drafted"] for c in drafter.stats()["by_class"].values()) > 0
+        assert drafter.stats()["errors"] == 0
