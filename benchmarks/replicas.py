@@ -17,6 +17,7 @@ as JSON to --out. Ratios to read: the 2-replica totals against the single server
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -69,7 +70,7 @@ def deployment(peer: str, policy: str, port: int, work: Path):
                       max_model_len=4096, extra_args=["--enforce-eager"], metrics_dir=work / f"prom-{port}")
     if policy == "single":
         cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-        server = ServerProcess(ServerSpec(**{**spec.__dict__, "cpu_cores": cores}),
+        server = ServerProcess(dataclasses.replace(spec, cpu_cores=cores),
                                log_path=work / f"{peer}-single.log")
         with server:
             server.start().wait_ready(900)

@@ -242,10 +242,11 @@ def test_plain_client_and_remote_engine_get_valid_tool_calls_through_the_router(
 
     with RemoteEngine(replicas.base_url, tools=TOOLS,
                       metrics_urls=[r.base_url for r in replicas.replicas]) as eng:
-        res = eng.submit(TurnRequest(messages=_question("Oslo"), fmt="tool_calls", tool_choice="required",
-                                     max_tokens=48, request_id="router/Oslo", agent_id="episode-b")).result()
+        res = eng.submit(TurnRequest(messages=_question("Oslo"), fmt="tool_calls", tool_choice="call",
+                                     max_tokens=64, request_id="router/Oslo", agent_id="episode-b")).result()
         stats = eng.stats()
     assert res.error is None, res.error
+    print(f"RemoteEngine through the router: {res.text!r}")
     _check_calls([(c.name, c.arguments) for c in parse_calls("tool_calls", res.text)])
     assert res.spec["num_draft_tokens"] > 0
     assert stats["proposer"]["steps"] > 0  # the proposer's counters, summed over both replicas' /metrics
