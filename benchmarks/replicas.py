@@ -102,10 +102,11 @@ def run_config(peer: str, policy: str, args, episodes, tokenizer, port: int) -> 
         rows.append({"peer": peer, "deployment": policy, "replica": i, **d,
                      "passes": d["output_tokens"] - d["accepted"],
                      "prefix_hit_rate": _rate([d], "prefix_hits", "prefix_queries")})
+    # per class: the proposer's counters of the replicas (a server's responses carry no classes)
+    by_class = {c: sum(r.get(f"accepted_{c}", 0) for r in rows) for c in "SRF"}
     rows.append({"peer": peer, "deployment": policy, "replica": "all", "turns": total["turns"],
                  "errors": total["errors"], "output_tokens": total["output_tokens"],
-                 "accepted": total["accepted"], "passes": total["passes"],
-                 "by_class": {c: v["accepted"] for c, v in total["by_class"].items() if v["accepted"]},
+                 "accepted": total["accepted"], "passes": total["passes"], "by_class": by_class,
                  "wall_s": run.wall_s, "start_s": start_s,
                  "prefix_hit_rate": _rate(rows, "prefix_hits", "prefix_queries")})
     return rows
