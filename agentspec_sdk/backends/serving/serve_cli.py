@@ -192,6 +192,12 @@ def _run_replicas(spec, replicas: int, policy: str, dry_run: bool) -> int:
     typer.echo(f"# starting {replicas} replicas on ports {spec.port + 1}..{spec.port + replicas}, then "
                f"vllm-router ({policy}) on {deployment.base_url}; their output: {logs}/", err=True)
     deployment.start()
+    if spec.multiproc_dir() is not None:  # the proposer's plan gauges: one digest on every replica
+        try:
+            deployment.check_plans()
+        except AgentSpecError:
+            deployment.stop()
+            raise
     typer.echo(f"# serving on {deployment.base_url}/v1 through vllm-router, policy {policy}; replicas "
                + ", ".join(r.base_url for r in deployment.replicas) + " (Ctrl-C stops all)", err=True)
     return deployment.wait()
