@@ -12,6 +12,7 @@ prefix it has sent to a replica before, `round_robin` and `power_of_two` by load
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import shutil
 import signal
 import subprocess
@@ -182,8 +183,6 @@ class ReplicaSet:
 
     def commands(self) -> list[str]:
         """The shell lines of the replicas and of the router, in start order."""
-        import shlex
-
         return [r.spec.shell_line() for r in self.replicas] + [shlex.join(self.router.spec.command())]
 
     def start(self, timeout: float = 900.0) -> ReplicaSet:
