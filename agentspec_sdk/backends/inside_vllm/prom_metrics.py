@@ -26,6 +26,12 @@ Families (counters end in `_total` on the page):
     agentspec:step_seconds                                  histogram: engine step to step, busy only
     agentspec:proposer_rows_total                           rows seen by the proposer
     agentspec:drafter_errors_total{scope}                   row: one row drafted nothing; batch: a step did
+    agentspec:plan_version                                  gauge: the loaded plan's version (bumped per save)
+    agentspec:plan_digest                                   gauge: 48 bits of the sha256 of its content
+
+The two plan gauges tell replicas apart that should share one plan file: set when the proposer loads
+the plan and at every reload, so a replica started on another plan (or an old copy) shows another
+digest on its own /metrics (`plan_identity`, `agentspec serve --status`).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class ProposerMetrics:
     """Counters and histograms fed by the drafter's accounting (`observer`) and the proposer adapter."""
 
     def __init__(self, registry: Any = None):
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = REGISTRY if registry is None else registry
         labels = ("law_class", "kind", "source")
@@ -78,6 +84,11 @@ class ProposerMetrics:
         self.errors = Counter("agentspec:drafter_errors",
                               "Drafter failures (row: one row, batch: a whole step)",
                               ("scope",), registry=reg)
+        # several engine-core processes (data parallel) load the same plan: the latest write stands
+        self.plan_version = Gauge("agentspec:plan_version", "Version of the draft plan the proposer uses",
+                                  registry=reg, multiprocess_mode="mostrecent")
+        self.plan_digest = Gauge("agentspec:plan_digest", "First 48 bits of the sha256 of the draft plan's "
+                                 "content, version aside", registry=reg, multiprocess_mode="mostrecent")
         # label children cached: .labels() costs a lock and a dict lookup per call
         self._children: dict[tuple, Any] = {}
 
@@ -105,6 +116,11 @@ class ProposerMetrics:
             self._child(self.gated, law_class).inc()
 
     # -- the adapter's step -------------------------------------------------------------------------
+
+    def plan_loaded(self, plan) -> None:
+        """The plan the drafter now drafts with (`DraftPlan`)."""
+        self.plan_version.set(plan.version)
+        self.plan_digest.set(plan.digest())
 
     def step(self, rows: int, seconds: float, row_errors: int, batch_error: bool,
              interval: float | None) -> None:
@@ -172,6 +188,21 @@ def _key(name: str, lab: dict) -> tuple | None:
         "step_seconds_count": ("busy_steps",),
     }
     return table.get(base)
+
+
+def plan_identity(text: str) -> dict[str, Any] | None:
+    """One server's plan from its /metrics page: {"version": int, "digest": 12 hex digits}, or None
+    where the page has no plan gauges (not our proposer, or no PROMETHEUS_MULTIPROC_DIR)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in (PREFIX + "plan_version", PREFIX + "plan_digest"):
+            for sample in family.samples:
+                found[family.name.removeprefix(PREFIX)] = int(sample.value)
+    if "plan_digest" not in found:
+        return None
+    return {"version": found.get("plan_version", 0), "digest": f"{found['plan_digest']:012x}"}
 
 
 def subtract(now: dict, base: dict) -> dict:

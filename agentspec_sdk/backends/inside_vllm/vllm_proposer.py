@@ -57,6 +57,8 @@ class AgentSpecProposer:
         self.drafter.accounting.keep = KEEP_ROUNDS
         self.metrics = proposer_metrics()
         self.drafter.accounting.observer = self.metrics
+        self._plan_shown = None  # the plan the plan gauges show
+        self._show_plan()
         self.steps = 0
         self.seconds = 0.0
         self._last_start: float | None = None
@@ -93,7 +95,16 @@ class AgentSpecProposer:
                               interval)
         except Exception:  # metrics never take the engine down
             log.exception("agentspec proposer metrics failed")
+        if self.drafter.plan is not self._plan_shown:  # reloaded during this step
+            self._show_plan()
         return drafts
+
+    def _show_plan(self) -> None:
+        self._plan_shown = self.drafter.plan
+        try:
+            self.metrics.plan_loaded(self.drafter.plan)
+        except Exception:
+            log.exception("agentspec plan gauges failed")
 
     def _clip(self, draft: list[int], num_tokens: int) -> list[int]:
         room = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)

@@ -6,6 +6,7 @@ Registered by agentspec_sdk/cli.py as `app.command("serve")(serve)`.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -132,51 +133,97 @@ def serve(
     capture_max_files: Annotated[int,
                                  typer.Option("--capture-max-files", help="capture files kept (the oldest "
                                                     "removed)")] = 8,
+    replicas: Annotated[int,
+                        typer.Option("--replicas", help="N > 1: N servers on ports PORT+1..PORT+N, one "
+                                     "plan, behind vllm-router on PORT (the `router` extra)")] = 1,
+    router: Annotated[str,
+                      typer.Option("--router", help="the router's policy with --replicas: cache_aware | "
+                                   "consistent_hash (x-session-id) | round_robin | power_of_two")]
+    = "cache_aware",
     dry_run: Annotated[bool,
                        typer.Option("--dry-run",
                                     help="write the plan, print the command, do not run it")] = False,
     vllm_args: Annotated[list[str] | None,
                          typer.Argument(help="extra `vllm serve` arguments (after --)")] = None,
 ) -> None:
-    """Start vLLM's OpenAI-compatible server with the AgentSpec structure proposer inside it."""
-    from agentspec_sdk.backends.model_bundle import cache_dir, resolve_model
-    from agentspec_sdk.backends.serving.server import ServerSpec
-
+    """Start vLLM's OpenAI-compatible server with the AgentSpec structure proposer inside it (or
+    `--replicas N` of them behind vLLM's router)."""
     try:
         if status is not None:
             typer.echo(server_status(status))
             return
         if not 0.004 <= records_max_mb:
             raise AgentSpecError(f"--records-max-mb must be at least 0.004 (4 KiB), got {records_max_mb:g}")
-        model_path = resolve_model(model)
-        plan_path = None
-        if speculation == "structure":
-            plan_path = (plan or cache_dir() / "serve" / f"plan-{port}.json").resolve()
-            _serve_plan(model_path, plan_path, tools, formats, gamma_max, records, metrics, records_max_mb)
-        chat_template, fmt = None, tool_format
-        if tool_parser:
-            where = plan_path.parent if plan_path else cache_dir() / "serve"
-            chat_template, fmt = _serve_tool_parser(model_path, tool_format, formats,
-                                                    where / f"chat-template-{port}.jinja")
-        spec = ServerSpec(model=model_path, host=host, port=port, speculation=speculation,
-                          gamma_max=gamma_max,
-                          plan_path=plan_path, served_model_name=served_model_name,
-                          max_model_len=max_model_len, seed=seed, extra_args=list(vllm_args or []),
-                          metrics=metrics, tool_parser=tool_parser, tool_format=fmt,
-                          chat_template=chat_template, capture_dir=capture, capture_sample=capture_sample,
-                          capture_max_bytes=int(capture_max_mb * (1 << 20)),
-                          capture_max_files=capture_max_files)
-        if capture is not None:
-            typer.echo(f"# capture: every finished turn into {capture.resolve()} (sample {capture_sample:g}, "
-                       f"{capture_max_files} files of {capture_max_mb:g} MiB at most)", err=True)
-        typer.echo(spec.shell_line())
-        if dry_run:
-            return
-        code = _run_server(spec)
+        spec = _server_spec(model, tools, formats, host, port, speculation, gamma_max, max_model_len,
+                            served_model_name, plan, records, records_max_mb, metrics, seed, tool_parser,
+                            tool_format, list(vllm_args or []))
+        spec = _with_capture(spec, capture, capture_sample, capture_max_mb, capture_max_files)
+        if replicas > 1:
+            code = _run_replicas(spec, replicas, router, dry_run)
+        else:
+            typer.echo(spec.shell_line())
+            code = 0 if dry_run else _run_server(spec)
     except AgentSpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _server_spec(model, tools, formats, host, port, speculation, gamma_max, max_model_len, served_model_name,
+                 plan, records, records_max_mb, metrics, seed, tool_parser, tool_format, vllm_args):
+    """The plan and chat template written, the server's spec built from `serve`'s options."""
+    from agentspec_sdk.backends.model_bundle import cache_dir, resolve_model
+    from agentspec_sdk.backends.serving.server import ServerSpec
+
+    model_path = resolve_model(model)
+    plan_path = None
+    if speculation == "structure":
+        plan_path = (plan or cache_dir() / "serve" / f"plan-{port}.json").resolve()
+        _serve_plan(model_path, plan_path, tools, formats, gamma_max, records, metrics, records_max_mb)
+    chat_template, fmt = None, tool_format
+    if tool_parser:
+        where = plan_path.parent if plan_path else cache_dir() / "serve"
+        chat_template, fmt = _serve_tool_parser(model_path, tool_format, formats,
+                                                where / f"chat-template-{port}.jinja")
+    return ServerSpec(model=model_path, host=host, port=port, speculation=speculation, gamma_max=gamma_max,
+                      plan_path=plan_path, served_model_name=served_model_name, max_model_len=max_model_len,
+                      seed=seed, extra_args=vllm_args, metrics=metrics, tool_parser=tool_parser,
+                      tool_format=fmt, chat_template=chat_template)
+
+
+def _with_capture(spec, capture: Path | None, sample: float, max_mb: float, max_files: int):
+    """`--capture DIR`: every finished turn of the server (each replica's API server) into DIR."""
+    if capture is None:
+        return spec
+    typer.echo(f"# capture: every finished turn into {capture.resolve()} (sample {sample:g}, "
+               f"{max_files} files of {max_mb:g} MiB at most)", err=True)
+    return replace(spec, capture_dir=capture, capture_sample=sample, capture_max_bytes=int(max_mb * (1 << 20)),
+                   capture_max_files=max_files)
+
+
+def _run_replicas(spec, replicas: int, policy: str, dry_run: bool) -> int:
+    """`--replicas N`: the replicas' and the router's commands, then all of them until Ctrl-C."""
+    from agentspec_sdk.backends.model_bundle import cache_dir
+    from agentspec_sdk.backends.serving.replicas import ReplicaSet
+
+    logs = cache_dir() / "serve" / f"replicas-{spec.port}"
+    deployment = ReplicaSet(spec, replicas, policy, log_dir=None if dry_run else logs)
+    for line in deployment.commands():  # also names a missing vllm-router (the `router` extra)
+        typer.echo(line)
+    if dry_run:
+        return 0
+    typer.echo(f"# starting {replicas} replicas on ports {spec.port + 1}..{spec.port + replicas}, then "
+               f"vllm-router ({policy}) on {deployment.base_url}; their output: {logs}/", err=True)
+    deployment.start()
+    if spec.multiproc_dir() is not None:  # the proposer's plan gauges: one digest on every replica
+        try:
+            deployment.check_plans()
+        except AgentSpecError:
+            deployment.stop()
+            raise
+    typer.echo(f"# serving on {deployment.base_url}/v1 through vllm-router, policy {policy}; replicas "
+               + ", ".join(r.base_url for r in deployment.replicas) + " (Ctrl-C stops all)", err=True)
+    return deployment.wait()
 
 
 def _run_server(spec) -> int:
@@ -236,7 +283,7 @@ def server_status(url: str) -> str:
 
     import httpx
 
-    from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec, summarize
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec, plan_identity, summarize
     from agentspec_sdk.backends.remote.remote_inspect import parse_prometheus
 
     if not re.match(r"^https?://[^/\s]+", url or ""):
@@ -251,6 +298,9 @@ def server_status(url: str) -> str:
     vllm = parse_prometheus(resp.text)
     ours = parse_agentspec(resp.text)
     lines = [f"server {root}"]
+    plan = plan_identity(resp.text)
+    if plan is not None:
+        lines.append(f"draft plan: version {plan['version']}, digest {plan['digest']}")
     if vllm:
         d, a = int(vllm["num_draft_tokens"]), int(vllm["num_accepted_tokens"])
         lines.append(f"vLLM speculation: {a} of {d} draft tokens accepted ({_pct(a, d)}) over "

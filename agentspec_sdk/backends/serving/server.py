@@ -53,6 +53,7 @@ ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 # in-vLLM room's module, named by path: importing it here would import vLLM's API server).
 TOOL_PARSER_FILE = Path(__file__).parents[1] / "inside_vllm" / "tool_parser.py"
 TOOL_FORMAT_ENV = "AGENTSPEC_TOOL_FORMAT"
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 @dataclass
@@ -96,6 +97,9 @@ class ServerSpec:
     capture_sample: float = 1.0  # the share of episodes kept
     capture_max_bytes: int = 64 << 20  # per file, then the next file
     capture_max_files: int = 8  # the oldest removed beyond it
+    # CPU: the cores vLLM's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "2-3"); None:
+    # vLLM's own choice, which puts every server of one machine on the same cores (replicas.py splits them)
+    cpu_cores: str | None = None
 
     def model_names(self) -> list[str]:
         """The names clients send as `model`: a short one first (`served_model_name`, else the model's
@@ -207,6 +211,8 @@ class ServerSpec:
         if self.tool_parser and self.tool_format != "tool_calls":
             fmt = self.tool_format
             env[TOOL_FORMAT_ENV] = fmt if isinstance(fmt, str) else json.dumps(fmt, separators=(",", ":"))
+        if self.cpu_cores is not None:
+            env[CPU_BIND_ENV] = self.cpu_cores
         if self.speculation in MODEL_DRAFTERS:
             # the model-drafter layer's entry point (inside_vllm/vllm_hybrid.py) patches the V1 runner
             env[MODE_ENV] = MODEL_DRAFTERS[self.speculation]
