@@ -121,8 +121,9 @@ class RemoteEngine(EngineBase):
         if req.tools is None:
             return self._registry
         registry = as_registry(req.tools)
-        if any(t.name not in self._registry for t in registry):
-            self.register_tools([t for t in registry if t.name not in self._registry])
+        unknown = self._registry.missing(registry)
+        if unknown:
+            self.register_tools(unknown)
         return registry
 
     def grammar_for(self, fmt: str | AgentFormat, tools: Any = None, tool_choice: str = "auto") -> str:
@@ -133,6 +134,8 @@ class RemoteEngine(EngineBase):
 
     def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
         """`fmt` as a format; "auto": the one the model's chat template writes (asks the server)."""
+        if isinstance(fmt, AgentFormat):
+            return fmt
         return self.served_template().resolve(fmt) if fmt == "auto" else get_format(fmt)
 
     def _prepare(self, req: TurnRequest) -> dict:
