@@ -13,8 +13,8 @@ from agentspec_sdk.errors import TraceError
 from agentspec_sdk.replay import humaneval, loop
 from agentspec_sdk.replay.record import check_source_format, record
 from agentspec_sdk.replay.replayer import replay
-from agentspec_sdk.replay.sandbox import SandboxLimits
 from agentspec_sdk.replay.trace import bundled_traces, load_traces
+from agentspec_sdk.sandbox import SandboxLimits
 from agentspec_sdk.structure.formats import CODE_AGENT, CODE_TOOL
 from agentspec_sdk.structure.turns import ToolCall, parse_calls
 
