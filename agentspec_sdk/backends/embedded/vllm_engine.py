@@ -208,8 +208,7 @@ class Engine(EngineBase):
         if req.tools is None:
             return self.registry
         registry = as_registry(req.tools)
-        unknown = self.registry.missing(registry)
-        if unknown:
+        if unknown := self.registry.missing(registry):
             self.register_tools(unknown)
         return registry
 

@@ -121,8 +121,7 @@ class RemoteEngine(EngineBase):
         if req.tools is None:
             return self._registry
         registry = as_registry(req.tools)
-        unknown = self._registry.missing(registry)
-        if unknown:
+        if unknown := self._registry.missing(registry):
             self.register_tools(unknown)
         return registry
 
@@ -134,8 +133,6 @@ class RemoteEngine(EngineBase):
 
     def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
         """`fmt` as a format; "auto": the one the model's chat template writes (asks the server)."""
-        if isinstance(fmt, AgentFormat):
-            return fmt
         return self.served_template().resolve(fmt) if fmt == "auto" else get_format(fmt)
 
     def _prepare(self, req: TurnRequest) -> dict:
