@@ -4,8 +4,8 @@ where it comes back into a module it has left, or climbs back into a module that
     flock /tmp/agentspec-engine.lock python scripts/walk_count.py [--model M] [--fmt auto] [--all]
 
 It starts the embedded engine (vLLM on CPU, speculation off, ≈ 40-70 s), submits one turn with a tool
-and waits for it (on a fresh engine the turn grammar is built then), then traces a second submit of the same
-turn with the same tools (the walk the target is about). `sys.setprofile` traces the calling thread
+and waits for it (on a fresh engine the turn grammar is built then), then traces a second submit of
+the same turn with the same tools (the walk the target is about). `sys.setprofile` traces the calling thread
 only, so a walk ends where `submit` hands the turn to the engine's own thread (`Engine._inbox`); vLLM's
 stepping is not counted.
 
