@@ -134,7 +134,7 @@ def _short(module: str) -> str:
     return module.removeprefix(PACKAGE + ".")
 
 
-def report(title: str, walk: Walk, show_all: bool) -> str:
+def report(title: str, walk: Walk, show_all: bool, target: bool = True) -> str:
     lines = [f"== {title}"]
     if show_all:
         for c in walk.calls:
@@ -148,7 +148,8 @@ def report(title: str, walk: Walk, show_all: bool) -> str:
                  + ", ".join(_short(m) for m in walk.modules))
     lines.append(f"re-entries: {walk.reentries}")
     lines.append(f"climbs:     {walk.climbs}, {walk.climbing_reentries} of them re-entries (target 0)")
-    lines.append(f"target met: {walk.meets_target()}")
+    if target:
+        lines.append(f"target met: {walk.meets_target()}")
     return "\n".join(lines)
 
 
@@ -181,8 +182,8 @@ def main() -> int:
 
     with Engine(model=args.model, speculation="off", max_model_len=2048, kv_cache_gb=1.0, seed=0) as engine:
         walks = measure(engine, args.fmt)
-    for title, walk in walks:
-        print(report(title, walk, args.all))
+    for i, (title, walk) in enumerate(walks):
+        print(report(title, walk, args.all, target=i == len(walks) - 1))
     return 0 if walks[-1][1].meets_target() else 1
 
 
