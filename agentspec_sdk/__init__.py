@@ -55,9 +55,9 @@ _LAZY = {
     "TurnResult": "agentspec_sdk.backends.types",
     "StreamEvent": "agentspec_sdk.backends.types",
     "RemoteEngine": "agentspec_sdk.backends.remote.openai_backend",
-    "Sandbox": "agentspec_sdk.replay.sandbox",
-    "SandboxLimits": "agentspec_sdk.replay.sandbox",
-    "SandboxResult": "agentspec_sdk.replay.sandbox",
+    "Sandbox": "agentspec_sdk.sandbox",
+    "SandboxLimits": "agentspec_sdk.sandbox",
+    "SandboxResult": "agentspec_sdk.sandbox",
     "CODE_TOOL": "agentspec_sdk.structure.formats",
 }
 

@@ -13,9 +13,9 @@ from agentspec_sdk.errors import TraceError
 from agentspec_sdk.replay import humaneval, loop
 from agentspec_sdk.replay.record import check_source_format, record
 from agentspec_sdk.replay.replayer import replay
-from agentspec_sdk.replay.sandbox import SandboxLimits
 from agentspec_sdk.replay.trace import bundled_traces, load_traces
-from agentspec_sdk.structure.formats import CODE_TOOL
+from agentspec_sdk.sandbox import SandboxLimits
+from agentspec_sdk.structure.formats import CODE_AGENT, CODE_TOOL
 from agentspec_sdk.structure.turns import ToolCall, parse_calls
 
 TASK = "HumanEval/0"
@@ -96,11 +96,11 @@ def test_environment_runs_the_tests_in_the_sandbox():
 
 
 def test_a_code_block_is_a_code_run():
-    calls = loop.turn_calls("code_agent", fenced("print(1)"))
+    calls = loop.turn_calls(CODE_AGENT, fenced("print(1)"))
     assert calls == [{"name": "python", "arguments": {"code": "print(1)"}}]
-    assert parse_calls("code_agent", "<code>x = 2</code>") == [ToolCall(CODE_TOOL, {"code": "x = 2"})]
+    assert parse_calls(CODE_AGENT, "<code>x = 2</code>") == [ToolCall(CODE_TOOL, {"code": "x = 2"})]
     assert CODE_TOOL == "python"
-    assert loop.turn_calls("code_agent", "No code, just words.") == []
+    assert loop.turn_calls(CODE_AGENT, "No code, just words.") == []
 
 
 def test_record_goes_on_after_bad_code_and_stops_at_a_pass():

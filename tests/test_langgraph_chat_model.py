@@ -113,7 +113,7 @@ def test_foreign_tool_calls_are_written_in_the_models_native_syntax(fmt):
     history = [HumanMessage("1+2?"), foreign, ToolMessage("3", tool_call_id="x")]
     model.bind_tools([add, multiply]).invoke(history)
     [sent] = [m["content"] for m in model.engine.requests[0].messages if m["role"] == "assistant"]
-    call = write_calls(fmt, [("add", {"a": 1, "b": 2})], ToolRegistry([add, multiply]))
+    call = write_calls(get_format(fmt), [("add", {"a": 1, "b": 2})], ToolRegistry([add, multiply]))
     assert sent == f"Adding.\n{call}"
     read = [(c.name, dict(c.arguments)) for c in parse_calls(get_format(fmt), call)]
     assert read == [("add", {"a": 1, "b": 2})]
@@ -348,8 +348,8 @@ def test_reasoning_false_takes_any_call_syntax_format(fmt):
     tools = model.bind_tools([add, multiply]).kwargs["tools"]
     registry = ToolRegistry([add, multiply])
     accepted = _matcher_accepts(model.grammar_for(tools, "required"))
-    call = write_calls(fmt, [("multiply", {"a": 6, "b": 7})], registry)
+    call = write_calls(get_format(fmt), [("multiply", {"a": 6, "b": 7})], registry)
     assert accepted(call)
     assert not accepted("Let me think. " + call)
-    assert not accepted(write_calls(fmt, [("multiply", {"a": 6, "b": 7}), ("add", {"a": 1, "b": 2})],
-                                    registry))
+    two = [("multiply", {"a": 6, "b": 7}), ("add", {"a": 1, "b": 2})]
+    assert not accepted(write_calls(get_format(fmt), two, registry))

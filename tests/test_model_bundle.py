@@ -125,7 +125,7 @@ def test_gemma_converts_and_runs_a_tool_call_on_vllm():
     assert TOOL_CALLS.instructions in prompt and prompt.endswith("<start_of_turn>model\n")
     # A base model does not end its turn after a call (it writes more calls until max_tokens): read the first.
     first = result.text.split("</tool_call>", 1)[0] + "</tool_call>"
-    parsed = parse_turn("tool_calls", first)
+    parsed = parse_turn(TOOL_CALLS, first)
     assert [call.name for call in parsed.tool_calls][:1] == ["get_weather"]
     assert parsed.tool_calls[0].arguments["city"]
     assert result.acceptance.get("S", {}).get("accepted", 0) > 0

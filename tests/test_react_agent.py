@@ -8,6 +8,7 @@ import pytest
 from agentspec_sdk import bfcl
 from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.record import bfcl_episode_stub
+from agentspec_sdk.structure.formats import REACT
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import turn_grammar
 
@@ -27,7 +28,7 @@ def accepts(episode):
 
     hf = AutoTokenizer.from_pretrained(str(resolve_model()))
     tokenizer = llguidance.hf.from_tokenizer(hf)
-    grammar = turn_grammar("react", ToolRegistry(episode.tools), tool_choice="call",
+    grammar = turn_grammar(REACT, ToolRegistry(episode.tools), tool_choice="call",
                            thought_chars=loop.THOUGHT_CHARS)
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar),
                                                  tokenizer) == ""
@@ -59,11 +60,11 @@ def test_an_acting_turn_is_one_thought_line_then_a_forced_action(accepts):
 
 def test_the_policy_acts_first_and_may_answer_last(episode):
     acting = loop._GRAMMARS.get(episode, "call")
-    assert acting == turn_grammar("react", ToolRegistry(episode.tools), tool_choice="required",
+    assert acting == turn_grammar(REACT, ToolRegistry(episode.tools), tool_choice="required",
                                   thought_chars=loop.THOUGHT_CHARS)
     last = loop._GRAMMARS.get(episode, "auto")
     assert "Final Answer:" in last and last != acting
-    calls = loop.turn_calls("react", 'Thought: x\nAction: cd\nAction Input: {"folder":"document"}\n')
+    calls = loop.turn_calls(REACT, 'Thought: x\nAction: cd\nAction Input: {"folder":"document"}\n')
     assert calls == [{"name": "cd", "arguments": {"folder": "document"}}]
 
 
@@ -80,7 +81,7 @@ def test_the_acting_grammar_survives_a_drafter_validating_drafts(episode):
     from agentspec_sdk.backends.model_bundle import resolve_model
 
     hf = AutoTokenizer.from_pretrained(str(resolve_model()))
-    grammar = turn_grammar("react", ToolRegistry(episode.tools), tool_choice="call",
+    grammar = turn_grammar(REACT, ToolRegistry(episode.tools), tool_choice="call",
                            thought_chars=loop.THOUGHT_CHARS)
     matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(hf),
                                    llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)

@@ -13,6 +13,7 @@ from agentspec_sdk.replay import loop
 from agentspec_sdk.replay.record import bfcl_episode_stub
 from agentspec_sdk.replay.replayer import ObservationBook, replay
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.structure.formats import TOOL_CALLS
 from agentspec_sdk.structure.token_labels import TokenClassifier
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import turn_grammar
@@ -141,13 +142,13 @@ def test_token_classifier_assigns_spans():
 
 
 def test_turn_calls_reads_real_tool_call_turns_and_executes_none_of_a_malformed_one():
-    calls = loop.turn_calls("tool_calls",
+    calls = loop.turn_calls(TOOL_CALLS,
                             'ok <tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call>')
     assert calls == [{"name": "cd", "arguments": {"folder": "a"}}]
     cut = '<tool_call>{"name": "cd", "arguments": {"folder": "a"}}</tool_call><tool_call>{"name": "ls", "argu'
     with pytest.raises(TurnParseError, match="tool call #2 at offset 67: malformed JSON"):
-        parse_calls("tool_calls", cut)  # structure's one behaviour: the parse error names the call
-    assert loop.turn_calls("tool_calls", cut) == []  # the loop's policy: a cut-off turn runs no call
+        parse_calls(TOOL_CALLS, cut)  # structure's one behaviour: the parse error names the call
+    assert loop.turn_calls(TOOL_CALLS, cut) == []  # the loop's policy: a cut-off turn runs no call
 
 
 def test_policy_calls_first_then_auto():
@@ -163,7 +164,7 @@ def test_call_first_grammar_accepts_exactly_one_call():
 
     tools = bfcl.entry_tools(bfcl.multi_turn_entries()[1])
     grammar = loop.GrammarCache().get(Episode("e", {}, "sys", tools, "tool_calls", []), "call")
-    assert grammar == turn_grammar("tool_calls", ToolRegistry(tools), tool_choice="call", single_call=True)
+    assert grammar == turn_grammar(TOOL_CALLS, ToolRegistry(tools), tool_choice="call", single_call=True)
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar)) == ""
     hf = load_tokenizer()
     tok = llguidance.hf.from_tokenizer(hf)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agentspec_sdk.errors import SandboxError
-from agentspec_sdk.replay.sandbox import UID_BASE, UID_POOL, Sandbox, SandboxLimits, probe_isolation
+from agentspec_sdk.sandbox import UID_BASE, UID_POOL, Sandbox, SandboxLimits, probe_isolation
 
 # generous: the 2 cores here are shared with engines (a run starts in 0.12 s idle, ~2 s at load 12)
 TIMEOUT = 5.0

@@ -29,6 +29,7 @@ from agentspec_sdk.backends.engine_config import PROPOSER_CLASS
 from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError
+from agentspec_sdk.structure.formats import TOOL_CALLS
 
 
 def _flag(args: list[str], name: str) -> str:
@@ -200,10 +201,10 @@ def test_tool_parser_puts_each_tool_choice_in_the_grammar(tmp_path, monkeypatch)
     monkeypatch.setenv("AGENTSPEC_PLAN", str(plan))
     both, time_only = ToolRegistry(TWO_TOOLS), ToolRegistry(TWO_TOOLS[1:])
     named = {"type": "function", "function": {"name": "get_time"}}
-    expected = {"auto": turn_grammar("tool_calls", both, tool_choice="auto"),
-                "required": turn_grammar("tool_calls", both, tool_choice="call"),
-                "none": turn_grammar("tool_calls", both, tool_choice="none"),
-                "named": turn_grammar("tool_calls", time_only, tool_choice="call")}
+    expected = {"auto": turn_grammar(TOOL_CALLS, both, tool_choice="auto"),
+                "required": turn_grammar(TOOL_CALLS, both, tool_choice="call"),
+                "none": turn_grammar(TOOL_CALLS, both, tool_choice="none"),
+                "named": turn_grammar(TOOL_CALLS, time_only, tool_choice="call")}
     for key, grammar in expected.items():
         req = _chat_request(tool_choice=named if key == "named" else key, stop=["END"])
         req = _tool_parser(req).adjust_request(req)
@@ -453,7 +454,6 @@ def test_agent_turns_through_the_real_server(served):
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
-    from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.tools import ToolRegistry
     from agentspec_sdk.structure.turn_grammar import turn_grammar
 
@@ -464,8 +464,8 @@ def test_agent_turns_through_the_real_server(served):
         report = eng.check()
         assert report["grammar"] == "honoured" and report["proposer"]["steps"] > 0
         # Two turns are one tool call and nothing else (SmolLM2 would rather chat); one is a free turn.
-        free = turn_grammar(get_format("tool_calls"), ToolRegistry(TOOLS))
-        call = turn_grammar("tool_calls", ToolRegistry(TOOLS), tool_choice="call", single_call=True)
+        free = turn_grammar(TOOL_CALLS, ToolRegistry(TOOLS))
+        call = turn_grammar(TOOL_CALLS, ToolRegistry(TOOLS), tool_choice="call", single_call=True)
         grammars = {"Paris": call, "Oslo": call, "Lima": None}
         reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=64, grammar=g,
                             request_id=f"turns/{city}", agent_id=city) for city, g in grammars.items()]
@@ -537,7 +537,7 @@ def test_metrics_per_class_equal_the_responses_own_counts(served):
     from agentspec_sdk.structure.turn_grammar import turn_grammar
 
     proc, work = served
-    call = turn_grammar("tool_calls", ToolRegistry(TOOLS), tool_choice="call", single_call=True)
+    call = turn_grammar(TOOL_CALLS, ToolRegistry(TOOLS), tool_choice="call", single_call=True)
     before = _scrape(proc.base_url)
     with RemoteEngine(proc.base_url, records_path=work / "records.jsonl", tools=TOOLS) as eng:
         reqs = [TurnRequest(messages=_question(city), fmt="tool_calls", max_tokens=96, grammar=g,

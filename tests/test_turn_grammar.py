@@ -4,7 +4,8 @@ import lark
 import pytest
 
 from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError, TurnParseError
-from agentspec_sdk.structure.formats import CODE_AGENT, CODE_TOOL, REACT, TOOL_CALLS, AgentFormat
+from agentspec_sdk.structure.call_syntax import write_calls
+from agentspec_sdk.structure.formats import CODE_AGENT, CODE_TOOL, REACT, TOOL_CALLS, AgentFormat, get_format
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import tool_call_grammar, turn_grammar, turn_grammar_gbnf
 from agentspec_sdk.structure.turns import ParsedTurn, ToolCall, parse_calls, parse_turn
@@ -313,9 +314,13 @@ def test_parse_errors_are_clear(fmt, text, message):
         parse_turn(fmt, text)
 
 
-def test_names_work_where_formats_do():
-    assert turn_grammar("tool_calls", REGISTRY) == turn_grammar(TOOL_CALLS, REGISTRY)
-    assert parse_turn("react", " I know.\nFinal Answer: 42").final_answer == "42"
+def test_a_format_is_passed_as_the_object_resolved_at_the_edge():
+    for call in (lambda f: turn_grammar(f, REGISTRY), lambda f: turn_grammar_gbnf(f, REGISTRY),
+                 lambda f: parse_turn(f, "x"), lambda f: parse_calls(f, "x"),
+                 lambda f: write_calls(f, [], REGISTRY)):
+        with pytest.raises(FormatError, match="takes an AgentFormat, got str 'tool_calls'.*get_format"):
+            call("tool_calls")
+    assert parse_turn(get_format("react"), " I know.\nFinal Answer: 42").final_answer == "42"
     prose = AgentFormat.from_dict({"name": "prose_x", "initial": "p",
                                    "kinds": [{"name": "p", "law_class": "F"}]})
     assert parse_turn(prose, " free text ") == ParsedTurn("", [], "free text")

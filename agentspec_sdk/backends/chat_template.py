@@ -110,7 +110,9 @@ class ChatTemplate:
         return auto_format(self.text, self.tokens)
 
     def resolve(self, fmt: AgentFormat | str) -> AgentFormat:
-        """`fmt`, with "auto" replaced by the template's own format."""
+        """`fmt`, with "auto" replaced by the template's own format (a format object as it is)."""
+        if isinstance(fmt, AgentFormat):
+            return fmt
         return get_format(self.native if fmt == AUTO else fmt)
 
     def renders_tools(self, fmt: AgentFormat | str) -> bool:

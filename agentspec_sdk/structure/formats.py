@@ -582,5 +582,12 @@ def get_format(name: str | AgentFormat | Mapping[str, Any]) -> AgentFormat:
     return found
 
 
+def not_a_format(fmt: object, where: str) -> FormatError:
+    """The error for a name or dict where `where` takes an `AgentFormat`: a format is resolved once, at
+    the edge (`get_format`, an engine's `resolve_format`), and passed on as the object."""
+    return FormatError(f"{where} takes an AgentFormat, got {type(fmt).__name__} {fmt!r}: resolve it once "
+                       "with get_format(name) where the request comes in")
+
+
 def format_names() -> list[str]:
     return sorted(_BUILTIN) + sorted(_USER)

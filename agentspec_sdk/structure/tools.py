@@ -110,6 +110,14 @@ class ToolRegistry:
     def openai_tools(self) -> list[dict[str, Any]]:
         return [t.openai() for t in self._tools.values()]
 
+    def missing(self, other: ToolRegistry) -> list[Tool]:
+        """The tools of `other` whose names this registry lacks, in `other`'s order."""
+        return [t for name, t in other._tools.items() if name not in self._tools]
+
+    def key(self) -> str:
+        """The tools, in order, as one JSON text: equal keys, equal tools (a cache key)."""
+        return json.dumps(self.openai_tools(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
     # -- tools.json ---------------------------------------------------------------------------
 
     def to_json(self, *, indent: int | None = 2) -> str:

@@ -32,7 +32,7 @@ from functools import lru_cache
 from typing import Literal
 
 from agentspec_sdk.errors import FormatError, SchemaNotSupported, ToolRegistryError
-from agentspec_sdk.structure.formats import DEFAULT_SYNTAX, AgentFormat, CallSyntax, get_format
+from agentspec_sdk.structure.formats import DEFAULT_SYNTAX, AgentFormat, CallSyntax, not_a_format
 from agentspec_sdk.structure.marker_free import marker_free_regex, then_pieces
 from agentspec_sdk.structure.schema.compiler import SchemaRules, schema_rules
 from agentspec_sdk.structure.schema.grammar_ir import Lit, to_regex
@@ -46,7 +46,7 @@ ToolChoice = Literal["auto", "required", "none", "call"]  # "call": tool calls o
 
 
 def turn_grammar(
-    fmt: AgentFormat | str,
+    fmt: AgentFormat,
     registry: ToolRegistry | Iterable[Tool] = (),
     *,
     whitespace: str | None = None,
@@ -75,13 +75,14 @@ def turn_grammar(
         raise FormatError("python lark has no special-token syntax; use dialect='llguidance'")
     if thought_chars is not None and dialect != "llguidance":
         raise FormatError("thought_chars needs dialect='llguidance' (its line is an llguidance lexeme)")
-    fmt = get_format(fmt)
+    if not isinstance(fmt, AgentFormat):
+        raise not_a_format(fmt, "turn_grammar")
     shape = _Shape(tool_choice, whitespace or fmt.syntax.whitespace, tuple(relax), single_call, thought_chars)
     return _build(fmt, _tools(registry), shape, dialect, tuple(special_tokens), closed)
 
 
 def turn_grammar_gbnf(
-    fmt: AgentFormat | str,
+    fmt: AgentFormat,
     registry: ToolRegistry | Iterable[Tool] = (),
     *,
     whitespace: str | None = None,
@@ -91,7 +92,8 @@ def turn_grammar_gbnf(
     single_call: bool = False,
 ) -> str:
     """The same turn grammar in xgrammar's EBNF (root rule ``root``; special tokens are text there)."""
-    fmt = get_format(fmt)
+    if not isinstance(fmt, AgentFormat):
+        raise not_a_format(fmt, "turn_grammar_gbnf")
     shape = _Shape(tool_choice, whitespace or fmt.syntax.whitespace, tuple(relax), single_call, None)
     return _build(fmt, _tools(registry), shape, "gbnf", (), closed)
 
@@ -138,8 +140,7 @@ class _Shape:
     thought_chars: int | None = None
 
 
-def _build(fmt, tools, shape: _Shape, dialect, special, closed) -> str:
-    fmt = get_format(fmt)
+def _build(fmt: AgentFormat, tools, shape: _Shape, dialect, special, closed) -> str:
     shape = _checked(fmt, tools, shape)
     b = _Builder(dialect, special, closed=closed)
     avoid = tuple(m for k in fmt.kinds if not k.anchored for m in k.open)

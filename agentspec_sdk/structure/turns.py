@@ -7,7 +7,7 @@ from typing import Any
 
 from agentspec_sdk.errors import TurnParseError
 from agentspec_sdk.structure.call_syntax import read_call, read_call_list, read_json
-from agentspec_sdk.structure.formats import CODE_TOOL, FENCE, AgentFormat, get_format
+from agentspec_sdk.structure.formats import CODE_TOOL, FENCE, AgentFormat, not_a_format
 from agentspec_sdk.structure.segmenter import Segmenter, Span
 
 
@@ -28,14 +28,15 @@ class ParsedTurn:
     code: str | None = None
 
 
-def parse_turn(fmt: AgentFormat | str, text: str) -> ParsedTurn:
+def parse_turn(fmt: AgentFormat, text: str) -> ParsedTurn:
     """Split `text` (one model turn) by the format's segmenter and read each segment.
 
     Text from the first environment-written segment on is not part of the model's turn and is
     ignored. An unclosed last segment (generation stopped early) is read as far as it goes. A
     format without a layout (free prose) has no calls: its text is the final answer.
     """
-    fmt = get_format(fmt)
+    if not isinstance(fmt, AgentFormat):
+        raise not_a_format(fmt, "parse_turn")
     if fmt.layout is None:
         return ParsedTurn("", [], text.strip())
     seg = Segmenter(fmt)
@@ -49,7 +50,7 @@ def parse_turn(fmt: AgentFormat | str, text: str) -> ParsedTurn:
     return layouts[fmt.layout](fmt, parts)
 
 
-def parse_calls(fmt: AgentFormat | str, text: str) -> list[ToolCall]:
+def parse_calls(fmt: AgentFormat, text: str) -> list[ToolCall]:
     """The calls of one model turn, in order: its tool calls (tool-call and ReAct layouts), and a code
     agent's code block as one call of `CODE_TOOL` with arguments ``{"code": the block's text}``.
 

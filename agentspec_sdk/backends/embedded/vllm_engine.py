@@ -155,7 +155,8 @@ class Engine(EngineBase):
     def _use_format(self, fmt: str | AgentFormat) -> AgentFormat:
         fmt = self.resolve_format(fmt)
         with self._lock:
-            if self.formats.get(fmt.name) != fmt:
+            known = self.formats.get(fmt.name)
+            if known is not fmt and known != fmt:
                 self.formats[fmt.name] = fmt
                 self.plan.formats = [f.to_dict() for f in self.formats.values()]
                 self.plan.save(self.plan_path)
@@ -206,8 +207,7 @@ class Engine(EngineBase):
         if req.tools is None:
             return self.registry
         registry = as_registry(req.tools)
-        unknown = [t for t in registry if t.name not in self.registry]
-        if unknown:
+        if unknown := self.registry.missing(registry):
             self.register_tools(unknown)
         return registry
 

@@ -87,11 +87,27 @@ def patch_guidance(grammar_cls=None) -> None:
     if getattr(methods["fill_bitmask"], _PATCHED, False):
         return
     fill, _, rollback_past, reset_all = (methods[name] for name in _HOOKED)
+    hooks = (_fill_bitmask_hook(fill), _accept_tokens_hook(), _rollback_hook(rollback_past),
+             _reset_hook(reset_all))
+    for name, fn in zip(_HOOKED, hooks, strict=True):
+        functools.update_wrapper(fn, methods[name])
+        setattr(grammar_cls, name, fn)
+    setattr(hooks[0], _PATCHED, True)
+    log.info("vLLM's llguidance masks are computed by matchers that never roll back (exact after "
+             "draft walks)")
 
+
+def _fill_bitmask_hook(fill):
+    """`fill_bitmask` that marks a draft walk's start, then vLLM's own `fill`."""
     def fill_bitmask(self, bitmask, idx: int) -> None:
         (self.__dict__.get(_MASKS) or _masks(self)).walking = True  # accepts up to a rollback: a walk's
         fill(self, bitmask, idx)
+    return fill_bitmask
 
+
+def _accept_tokens_hook():
+    """`accept_tokens`: a walk's tokens go to a copy of the matcher; kept tokens are remembered for
+    the pristine matcher."""
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         masks = self.__dict__.get(_MASKS) or _masks(self)
         if masks.walking:
@@ -119,7 +135,12 @@ def patch_guidance(grammar_cls=None) -> None:
         else:
             masks.lost()
         return ok
+    return accept_tokens
 
+
+def _rollback_hook(rollback_past):
+    """`rollback`: back to the matcher before the walk (`rollback_past`, vLLM's own, where the
+    pristine matcher is lost)."""
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return
@@ -147,19 +168,17 @@ def patch_guidance(grammar_cls=None) -> None:
         elif walked:
             masks.last_walk = walk, walked  # the next kept tokens may continue it
         self.check_error()
+    return rollback
 
+
+def _reset_hook(reset_all):
+    """`reset`: from the pristine matcher, then vLLM's own `reset_all`."""
     def reset(self):
         masks = self.__dict__.get(_MASKS) or _masks(self)
         if masks.pristine is not None:
             self.ll_matcher = masks.pristine_reset()
         reset_all(self)  # vLLM's (a matcher reset just now is reset again: a no-op)
-
-    for name, fn in zip(_HOOKED, (fill_bitmask, accept_tokens, rollback, reset), strict=True):
-        functools.update_wrapper(fn, methods[name])
-        setattr(grammar_cls, name, fn)
-    setattr(fill_bitmask, _PATCHED, True)
-    log.info("vLLM's llguidance masks are computed by matchers that never roll back (exact after "
-             "draft walks)")
+    return reset
 
 
 _HOOKED = ("fill_bitmask", "accept_tokens", "rollback", "reset")

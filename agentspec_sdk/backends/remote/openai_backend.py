@@ -122,8 +122,8 @@ class RemoteEngine(EngineBase):
         if req.tools is None:
             return self._registry
         registry = as_registry(req.tools)
-        if any(t.name not in self._registry for t in registry):
-            self.register_tools([t for t in registry if t.name not in self._registry])
+        if unknown := self._registry.missing(registry):
+            self.register_tools(unknown)
         return registry
 
     def grammar_for(self, fmt: str | AgentFormat, tools: Any = None, tool_choice: str = "auto") -> str:

@@ -197,59 +197,22 @@ class ChatAgentSpec(BaseChatModel):
             raise AgentSpecError(f"the engine failed request {result.request_id!r}: {result.error}")
         with_calls = len(request.tools) > 0 or (self.fmt == "code_agent" and any(
             openai_tool(t)["function"]["name"] == _sdk.CODE_TOOL for t in kwargs.get("tools") or ()))
-        content, calls, invalid = self._read(result, with_calls=with_calls)
+        content, calls, invalid = _read_turn(self.fmt, result, with_calls=with_calls)
         message = AIMessage(
             content=content,
             tool_calls=calls,
             invalid_tool_calls=invalid,
             additional_kwargs={RAW_TEXT_KEY: raw_record(self.fmt, result.text, calls)},
-            response_metadata=self._metadata(result),
+            response_metadata=_metadata(self.model_name, result),
             usage_metadata=_usage(result),
         )
         self._record(result, request, calls, kwargs)
         return message
 
-    def _read(self, result: Any, *, with_calls: bool) -> tuple[str, list, list]:
-        text, finish_reason = result.text, result.finish_reason
-        content = _content(self.fmt, result)
-        if not with_calls:
-            return content, [], []
-        try:
-            return content, langchain_calls(self.fmt, text), []
-        except AgentSpecError as exc:  # a turn cut at max_tokens inside a call, or no grammar
-            cut = " (the turn hit max_tokens)" if finish_reason == "length" else ""
-            bad = {"name": None, "args": text, "id": new_call_id(), "error": f"{exc}{cut}",
-                   "type": "invalid_tool_call"}
-            return content, [], [bad]
-
-    def _metadata(self, result: Any) -> dict[str, Any]:
-        return {
-            "model_name": self.model_name,
-            "model_provider": "agentspec",
-            "finish_reason": result.finish_reason,
-            "request_id": result.request_id,
-            "acceptance": acceptance_of(result),
-            "timings": dict(getattr(result, "timings", None) or {}),
-        }
-
     def _record(self, result: Any, request: Any, calls: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
         recorder = kwargs.get(RECORDER) or self.recorder
-        if recorder is None:
-            return
-        usage = _usage(result)
-        recorder(
-            TurnRecord(
-                agent_id=request.agent_id,
-                request_id=result.request_id,
-                fmt=self.fmt,
-                tool_calls=tuple(c["name"] for c in calls),
-                acceptance=acceptance_of(result),
-                input_tokens=usage["input_tokens"],
-                output_tokens=usage["output_tokens"],
-                finish_reason=result.finish_reason,
-                timings=dict(getattr(result, "timings", None) or {}),
-            )
-        )
+        if recorder is not None:
+            recorder(_turn_record(self.fmt, result, request, calls))
 
     # -- LangChain entry points ----------------------------------------------------------------
 
@@ -348,6 +311,50 @@ class ChatAgentSpec(BaseChatModel):
                 chunk_position="last",
             )
         )
+
+
+# -- a finished turn in LangChain's terms ----------------------------------------------------------
+
+
+def _read_turn(fmt: str, result: Any, *, with_calls: bool) -> tuple[str, list, list]:
+    """The turn's content, its tool calls and its invalid ones (a call cut at max_tokens)."""
+    text, finish_reason = result.text, result.finish_reason
+    content = _content(fmt, result)
+    if not with_calls:
+        return content, [], []
+    try:
+        return content, langchain_calls(fmt, text), []
+    except AgentSpecError as exc:  # a turn cut at max_tokens inside a call, or no grammar
+        cut = " (the turn hit max_tokens)" if finish_reason == "length" else ""
+        bad = {"name": None, "args": text, "id": new_call_id(), "error": f"{exc}{cut}",
+               "type": "invalid_tool_call"}
+        return content, [], [bad]
+
+
+def _metadata(model_name: str, result: Any) -> dict[str, Any]:
+    return {
+        "model_name": model_name,
+        "model_provider": "agentspec",
+        "finish_reason": result.finish_reason,
+        "request_id": result.request_id,
+        "acceptance": acceptance_of(result),
+        "timings": dict(getattr(result, "timings", None) or {}),
+    }
+
+
+def _turn_record(fmt: str, result: Any, request: Any, calls: list[dict[str, Any]]) -> TurnRecord:
+    usage = _usage(result)
+    return TurnRecord(
+        agent_id=request.agent_id,
+        request_id=result.request_id,
+        fmt=fmt,
+        tool_calls=tuple(c["name"] for c in calls),
+        acceptance=acceptance_of(result),
+        input_tokens=usage["input_tokens"],
+        output_tokens=usage["output_tokens"],
+        finish_reason=result.finish_reason,
+        timings=dict(getattr(result, "timings", None) or {}),
+    )
 
 
 def _chat_result(message: AIMessage) -> ChatResult:

@@ -103,57 +103,71 @@ def agentspec(
     signature = inspect.signature(fn)
     model_param = _check_builder(fn, signature)
     handed = (model_param, *(p for p in (MIDDLEWARE_PARAM, *WRAPPER_PARAMS) if p in signature.parameters))
-    shared: dict[str, Any] = {}
-    shared_lock = threading.Lock()
-
-    def make_model() -> ChatAgentSpec:
-        if model is not None:
-            return model
-        with shared_lock:  # builds in several threads share one engine
-            if "engine" not in shared:
-                shared["engine"] = engine if engine is not None else _sdk.new_engine(**engine_kwargs)
-        return ChatAgentSpec(engine=shared["engine"], fmt=fmt, max_tokens=max_tokens, reasoning=reasoning)
-
-    def make_middleware(base: ChatAgentSpec, given: list[Any]) -> AgentSpecMiddleware:
-        own = next((m for m in given if isinstance(m, AgentSpecMiddleware)), None)
-        if own is not None:
-            return own
-        return AgentSpecMiddleware(
-            agent_id=agent_id or base.agent_id or f"agent-{uuid.uuid4().hex[:8]}",
-            tool_timeout_s=tool_timeout_s,
-            tool_timeouts=tool_timeouts,
-            engine=base.engine,
-            first_tool_choice=first_tool_choice,
-            later_tool_choice=later_tool_choice,
-        )
+    pieces = _Pieces(engine, model, engine_kwargs, dict(fmt=fmt, max_tokens=max_tokens, reasoning=reasoning),
+                     dict(agent_id=agent_id, tool_timeout_s=tool_timeout_s, tool_timeouts=tool_timeouts,
+                          first_tool_choice=first_tool_choice, later_tool_choice=later_tool_choice))
 
     @functools.wraps(fn)
     def build(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind_partial(*args, **kwargs)
-        given = list(bound.arguments.get(MIDDLEWARE_PARAM) or ())
-        base = make_model()
-        mw = make_middleware(base, given)
-        chat = base.model_copy(update={"agent_id": mw.agent_id, "recorder": mw.log})
-        binding = AgentSpecBinding(model=chat, middleware=mw, handed=handed)
-        bound.arguments[model_param] = chat
-        if MIDDLEWARE_PARAM in signature.parameters:
-            bound.arguments[MIDDLEWARE_PARAM] = given if mw in given else [mw, *given]
-        for name in WRAPPER_PARAMS:
-            if name in signature.parameters:
-                bound.arguments[name] = _tool_wrapper(name, mw, bound.arguments.get(name))
-        if bound.arguments.get("tools"):
-            _register(binding, bound.arguments["tools"])
-        result = fn(*bound.args, **bound.kwargs)
-        _check_result(fn, result, binding)
-        try:
-            result.agentspec = binding
-        except AttributeError:  # a graph class with __slots__: the binding stays on the function
-            pass
-        build.agentspec = binding
+        result, build.agentspec = _build(fn, signature, model_param, handed, pieces, args, kwargs)
         return result
 
     build.agentspec = None
     return build
+
+
+class _Pieces:
+    """The model and middleware each build of one decorated builder gets: a ready model, or one made
+    on an engine shared by every build (made on first use, once even when builds run in several
+    threads); a middleware the caller passed, or a new one with the decorator's settings."""
+
+    def __init__(self, engine: AgentEngine | None, model: ChatAgentSpec | None, engine_kwargs: dict[str, Any],
+                 model_settings: dict[str, Any], middleware_settings: dict[str, Any]):
+        self._engine, self._model, self._engine_kwargs = engine, model, engine_kwargs
+        self._model_settings, self._middleware_settings = model_settings, middleware_settings
+        self._lock = threading.Lock()
+
+    def model(self) -> ChatAgentSpec:
+        if self._model is not None:
+            return self._model
+        with self._lock:  # builds in several threads share one engine
+            if self._engine is None:
+                self._engine = _sdk.new_engine(**self._engine_kwargs)
+        return ChatAgentSpec(engine=self._engine, **self._model_settings)
+
+    def middleware(self, base: ChatAgentSpec, given: list[Any]) -> AgentSpecMiddleware:
+        own = next((m for m in given if isinstance(m, AgentSpecMiddleware)), None)
+        if own is not None:
+            return own
+        settings = dict(self._middleware_settings)
+        agent_id = settings.pop("agent_id") or base.agent_id or f"agent-{uuid.uuid4().hex[:8]}"
+        return AgentSpecMiddleware(agent_id=agent_id, engine=base.engine, **settings)
+
+
+def _build(fn: Callable[..., Any], signature: inspect.Signature, model_param: str, handed: tuple[str, ...],
+           pieces: _Pieces, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, AgentSpecBinding]:
+    """One build: the builder called with our pieces in its parameters; the graph and its binding."""
+    bound = signature.bind_partial(*args, **kwargs)
+    given = list(bound.arguments.get(MIDDLEWARE_PARAM) or ())
+    base = pieces.model()
+    mw = pieces.middleware(base, given)
+    chat = base.model_copy(update={"agent_id": mw.agent_id, "recorder": mw.log})
+    binding = AgentSpecBinding(model=chat, middleware=mw, handed=handed)
+    bound.arguments[model_param] = chat
+    if MIDDLEWARE_PARAM in signature.parameters:
+        bound.arguments[MIDDLEWARE_PARAM] = given if mw in given else [mw, *given]
+    for name in WRAPPER_PARAMS:
+        if name in signature.parameters:
+            bound.arguments[name] = _tool_wrapper(name, mw, bound.arguments.get(name))
+    if bound.arguments.get("tools"):
+        _register(binding, bound.arguments["tools"])
+    result = fn(*bound.args, **bound.kwargs)
+    _check_result(fn, result, binding)
+    try:
+        result.agentspec = binding
+    except AttributeError:  # a graph class with __slots__: the binding stays on the function
+        pass
+    return result, binding
 
 
 def _check_builder(fn: Callable[..., Any], signature: inspect.Signature) -> str:
