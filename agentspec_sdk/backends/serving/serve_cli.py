@@ -197,8 +197,8 @@ def _with_capture(spec, capture: Path | None, sample: float, max_mb: float, max_
         return spec
     typer.echo(f"# capture: every finished turn into {capture.resolve()} (sample {sample:g}, "
                f"{max_files} files of {max_mb:g} MiB at most)", err=True)
-    return replace(spec, capture_dir=capture, capture_sample=sample, capture_max_bytes=int(max_mb * (1 << 20)),
-                   capture_max_files=max_files)
+    return replace(spec, capture_dir=capture, capture_sample=sample,
+                   capture_max_bytes=int(max_mb * (1 << 20)), capture_max_files=max_files)
 
 
 def _run_replicas(spec, replicas: int, policy: str, dry_run: bool) -> int:
