@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from agentspec_sdk.drafting.lab import LabSwitches
+from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError
 from agentspec_sdk.structure.formats import AgentFormat
 from agentspec_sdk.structure.tools import ToolRegistry
@@ -154,6 +155,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0
+    # the draft plan's settings (a DraftPlan or a plan file, e.g. `agentspec tune --out`): its kinds,
+    # knobs and prices; the engine adds its formats and tools and sets gamma_max. None: the defaults
+    plan: DraftPlan | str | os.PathLike | None = None
     # the bench's ablation switches for the structure drafter (drafting.lab; None: as it ships)
     lab: LabSwitches | None = None
     ngram_min: int = 2  # ngram: shortest match
@@ -176,6 +180,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION:
             raise BackendError(f"speculation must be one of {SPECULATION}, got {self.speculation!r}")
+        if self.plan is not None:
+            DraftPlan.of(self.plan)  # a bad file fails here (PlanError names it), before vLLM starts
         if self.lab is not None and not isinstance(self.lab, LabSwitches):
             raise BackendError(f"lab must be a drafting.lab.LabSwitches, got {type(self.lab).__name__}")
         if self.speculation == "suffix":

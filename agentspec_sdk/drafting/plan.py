@@ -204,6 +204,37 @@ class DraftPlan(BaseModel):
                         tree_min_token_prob=(self.suffix_min_token_prob if pol.tree_min_token_prob is None
                                              else pol.tree_min_token_prob))
 
+    def merged(self, *, formats: Iterable[AgentFormat | str | Mapping] | None = None,
+               tools: ToolRegistry | Iterable[Mapping] | None = None, **fields: Any) -> DraftPlan:
+        """A deployment's plan on this one's settings (kinds, knobs, prices: a tuned plan): `formats`
+        and `tools` added by name (a given definition replaces this plan's of that name; the given
+        formats come first), `fields` in place, `version` kept."""
+        data = self.to_dict()
+        if formats is not None:
+            given = DraftPlan._format_dicts(list(formats))
+            names = {f.get("name") for f in given}
+            data["formats"] = given + [f for f in data["formats"] if f.get("name") not in names]
+        if tools is not None:
+            given = DraftPlan._tool_dicts(tools if isinstance(tools, ToolRegistry) else list(tools))
+            names = {t.get("function", {}).get("name") for t in given}
+            kept = [t for t in data["tools"] if t.get("function", {}).get("name") not in names]
+            data["tools"] = kept + given
+        unknown = sorted(set(fields) - set(type(self).model_fields))
+        if unknown:
+            raise PlanError(f"plan: unknown fields {unknown}; known: {sorted(type(self).model_fields)}")
+        return DraftPlan.from_dict({**data, **fields})
+
+    @classmethod
+    def of(cls, plan: DraftPlan | str | os.PathLike | None) -> DraftPlan:
+        """A plan given as an object, a file (loaded) or None (the defaults)."""
+        if plan is None:
+            return cls()
+        if isinstance(plan, DraftPlan):
+            return plan
+        if isinstance(plan, str | os.PathLike):
+            return cls.load(plan)
+        raise PlanError(f"plan must be a DraftPlan, a plan file's path or None, got {type(plan).__name__}")
+
     # -- file ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

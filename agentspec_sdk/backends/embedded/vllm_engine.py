@@ -87,8 +87,7 @@ class Engine(EngineBase):
         if model is not None:
             settings["model"] = model
         cfg = self.config = EngineConfig.of(config, **settings)
-        speculation, gamma_max = cfg.speculation, cfg.gamma_max
-        self.speculation, self.gamma_max = speculation, gamma_max
+        self.speculation, self.gamma_max = speculation, gamma_max = cfg.speculation, cfg.gamma_max
         self.model = resolve_model(cfg.model)
         # None: the model's own context length (config.json; SmolLM2-135M: 8192)
         self.max_model_len = cfg.max_model_len or context_length(self.model)
@@ -103,9 +102,10 @@ class Engine(EngineBase):
         self._work.mkdir(parents=True, exist_ok=True)
         self.plan_path = self._work / "plan.json"
         self.records_path = self._work / "records.jsonl"
-        self.plan = DraftPlan(formats=list(self.formats.values()), tools=self.registry.openai_tools(),
-                              tokenizer=self.model, gamma_max=gamma_max, step_budget=cfg.step_budget,
-                              records_path=str(self.records_path), **(cfg.law or {}))
+        self.plan = DraftPlan.of(cfg.plan).merged(  # the deployment's settings (a tuned plan) + ours
+            formats=list(self.formats.values()), tools=self.registry.openai_tools(), tokenizer=self.model,
+            gamma_max=gamma_max, step_budget=cfg.step_budget, records_path=str(self.records_path),
+            **(cfg.law or {}))
         self.plan.save(self.plan_path)
         # the bench's ablation switches reach the proposer in a file of their own, never in the plan
         lab_path = cfg.lab.save(self._work / "lab.json") if cfg.lab is not None else None

@@ -30,10 +30,12 @@ def write_plan(model: str, plan_path: Path, *, tools_file: Path | None = None, f
             tools = ToolRegistry.from_json(Path(tools_file).read_text(encoding="utf-8"))
         except OSError as exc:
             raise AgentSpecError(f"cannot read tools file {tools_file}: {exc}") from None
-    plan = DraftPlan(formats=load_formats(formats) if formats else [get_format(n) for n in format_names()],
-                     tools=tools.openai_tools(), tokenizer=model, gamma_max=gamma_max,
-                     records_path=str(Path(records_path).resolve()) if records_path else None,
-                     records_max_bytes=records_max_bytes)
+    # an existing plan file (a tuned one) keeps its settings; this server's formats and tools are added
+    base = DraftPlan.load(plan_path) if Path(plan_path).exists() else DraftPlan()
+    plan = base.merged(formats=load_formats(formats) if formats else [get_format(n) for n in format_names()],
+                       tools=tools.openai_tools(), tokenizer=model, gamma_max=gamma_max,
+                       records_path=str(Path(records_path).resolve()) if records_path else None,
+                       records_max_bytes=records_max_bytes)
     return plan.save(plan_path)
 
 
@@ -81,6 +83,32 @@ def _builtin(fmt: dict) -> bool:
     return fmt["name"] in format_names() and get_format(fmt["name"]).to_dict() == fmt
 
 
+# `serve`'s longer options, named once
+RECORDS_OPTION = Annotated[Path | None, typer.Option(
+    "--records", help="proposer records JSONL (default: none with --metrics, else beside the plan)")]
+RECORDS_MAX_MB_OPTION = Annotated[float, typer.Option(
+    "--records-max-mb", help="rotate the records file past this size (one old file kept)")]
+CAPTURE_OPTION = Annotated[Path | None, typer.Option(
+    "--capture", help="write every finished turn (token ids, grammar, tools, episode) into this directory "
+                      "(docs/capture.md; `agentspec tune` reads it)")]
+CAPTURE_SAMPLE_OPTION = Annotated[float, typer.Option("--capture-sample",
+                                                      help="the share of episodes captured")]
+CAPTURE_MAX_MB_OPTION = Annotated[float, typer.Option("--capture-max-mb",
+                                                      help="start a new capture file past this size")]
+CAPTURE_MAX_FILES_OPTION = Annotated[int, typer.Option("--capture-max-files",
+                                                       help="capture files kept (the oldest removed)")]
+REPLICAS_OPTION = Annotated[int, typer.Option(
+    "--replicas", help="N > 1: N servers on ports PORT+1..PORT+N, one plan, behind vllm-router on PORT "
+                       "(the `router` extra)")]
+ROUTER_OPTION = Annotated[str, typer.Option(
+    "--router", help="the router's policy with --replicas: cache_aware | consistent_hash (x-session-id) | "
+                     "round_robin | power_of_two")]
+PLAN_OPTION = Annotated[Path | None, typer.Option(
+    "--plan", help="the draft plan file: an existing one (e.g. `agentspec tune --out`) keeps its settings "
+                   "and gets this server's formats, tools and records added; a new one is written "
+                   "(default: in the cache)")]
+
+
 def serve(
     model: Annotated[str | None,
                      typer.Option("--model", help="HF folder or id (default: bundled SmolLM2-135M)")] = None,
@@ -97,14 +125,9 @@ def serve(
     gamma_max: Annotated[int, typer.Option("--gamma-max", help="most draft tokens per row and step")] = 8,
     max_model_len: Annotated[int, typer.Option("--max-model-len")] = 4096,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,
-    plan: Annotated[Path | None,
-                    typer.Option("--plan", help="where to write the plan (default: cache)")] = None,
-    records: Annotated[Path | None,
-                       typer.Option("--records", help="proposer records JSONL (default: none with "
-                                                 "--metrics, else beside the plan)")] = None,
-    records_max_mb: Annotated[float,
-                              typer.Option("--records-max-mb", help="rotate the records file past this "
-                                                  "size (one old file kept)")] = 64.0,
+    plan: PLAN_OPTION = None,
+    records: RECORDS_OPTION = None,
+    records_max_mb: RECORDS_MAX_MB_OPTION = 64.0,
     metrics: Annotated[bool,
                        typer.Option("--metrics/--no-metrics", help="agentspec:* Prometheus metrics on the "
                                           "server's /metrics")] = True,
@@ -122,24 +145,12 @@ def serve(
                                              "one of --formats, or auto: the one the model's chat "
                                              "template writes, tool_calls where it declares no tool "
                                              "syntax)")] = "auto",
-    capture: Annotated[Path | None,
-                       typer.Option("--capture", help="write every finished turn (token ids, "
-                                                 "grammar, tools, episode) into this directory")] = None,
-    capture_sample: Annotated[float,
-                              typer.Option("--capture-sample", help="the share of episodes captured")] = 1.0,
-    capture_max_mb: Annotated[float,
-                              typer.Option("--capture-max-mb", help="start a new capture file past this "
-                                                 "size")] = 64.0,
-    capture_max_files: Annotated[int,
-                                 typer.Option("--capture-max-files", help="capture files kept (the oldest "
-                                                    "removed)")] = 8,
-    replicas: Annotated[int,
-                        typer.Option("--replicas", help="N > 1: N servers on ports PORT+1..PORT+N, one "
-                                     "plan, behind vllm-router on PORT (the `router` extra)")] = 1,
-    router: Annotated[str,
-                      typer.Option("--router", help="the router's policy with --replicas: cache_aware | "
-                                   "consistent_hash (x-session-id) | round_robin | power_of_two")]
-    = "cache_aware",
+    capture: CAPTURE_OPTION = None,
+    capture_sample: CAPTURE_SAMPLE_OPTION = 1.0,
+    capture_max_mb: CAPTURE_MAX_MB_OPTION = 64.0,
+    capture_max_files: CAPTURE_MAX_FILES_OPTION = 8,
+    replicas: REPLICAS_OPTION = 1,
+    router: ROUTER_OPTION = "cache_aware",
     dry_run: Annotated[bool,
                        typer.Option("--dry-run",
                                     help="write the plan, print the command, do not run it")] = False,
