@@ -78,3 +78,46 @@ def test_serve_refuses_a_broken_plan_file_and_leaves_it(tmp_path):
     with pytest.raises(PlanError, match=r"plan.json: kinds.\*.policy"):
         write_plan("model-x", path, formats="tool_calls")
     assert path.read_text() == '{"kinds": {"*": {"policy": "sometimes"}}}'
+
+
+def test_structure_tuned_mode_runs_structure_with_the_plan(tmp_path):
+    from agentspec_sdk.errors import TraceError
+    from agentspec_sdk.replay.arms import engine_kwargs
+
+    path = DraftPlan(kinds={"*": {"policy": "trees"}}).save(tmp_path / "tuned.json")
+    kw = engine_kwargs("structure-tuned", 16, tuned_plan=path)
+    assert kw == {"speculation": "structure", "gamma_max": 16, "plan": str(path)}
+    EngineConfig(**kw)  # the engine takes these settings as they are
+    with pytest.raises(TraceError, match="needs the tuned plan"):
+        engine_kwargs("structure-tuned", 8)
+
+
+def test_demo_and_bench_add_structure_tuned_with_a_plan(tmp_path):
+    from agentspec_sdk.errors import AgentSpecError
+    from agentspec_sdk.replay.cli import _with_tuned
+
+    path = DraftPlan().save(tmp_path / "tuned.json")
+    assert _with_tuned(["off", "structure"], path) == ["off", "structure", "structure-tuned"]
+    assert _with_tuned(["off", "structure-tuned"], path) == ["off", "structure-tuned"]
+    assert _with_tuned(["off", "structure"], None) == ["off", "structure"]
+    with pytest.raises(AgentSpecError, match="needs --plan"):
+        _with_tuned(["structure-tuned"], None)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(PlanError, match="broken.json is not valid JSON"):
+        _with_tuned(["off"], tmp_path / "broken.json")
+
+
+def test_peer_table_compares_structure_tuned_like_structure():
+    from agentspec_sdk.replay import accounting
+
+    def run(mode, passes, drafted):
+        return {"arm": "D", "mode": mode, "gamma": 8, "batch": 8, "prefix_cache": True, "passes": passes,
+                "drafted": drafted, "cost": passes + 0.1 * drafted, "decode_tok_s": 10.0}
+
+    runs = [run("off", 100, 0), run("suffix", 80, 100), run("structure", 75, 100),
+            run("structure-tuned", 70, 100)]
+    rows = {r["mode"]: r for r in accounting.peer_table(runs)}
+    assert set(rows) == {"structure", "structure-tuned"}
+    assert rows["structure-tuned"]["best_stock_by_cost"] == "suffix"
+    assert rows["structure-tuned"]["cost_vs_best_stock"] == pytest.approx(90 / 80)
+    assert rows["structure"]["cost_vs_best_stock"] == pytest.approx(90 / 85)

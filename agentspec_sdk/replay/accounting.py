@@ -33,6 +33,9 @@ from agentspec_sdk.replay.passes import pass_table, passes_from_steps, steady_de
 MIN_STEPS = STEP_PRICE_MIN_STEPS
 # the bench modes that are vLLM's own drafters: the peers' "best stock drafter" is the best of these
 STOCK_MODES = (*STOCK, "suffix-tuned")
+# the modes each compared with off and the best stock drafter (`peer_table`): ours as it ships, and
+# with a plan tuned on other turns of the same traffic (`agentspec tune`, demo/bench `--plan`)
+COMPARED_MODES = ("structure", "structure-tuned")
 
 
 def turn_passes(output_tokens: int, accepted: int) -> int:
@@ -152,11 +155,11 @@ def repeat_table(runs: Iterable[Mapping], steps: Mapping[tuple, list[Mapping]], 
 
 
 def peer_table(runs: Iterable[Mapping]) -> list[dict]:
-    """Per (arm, batch, γ, prefix cache): structure against `off`, the best stock drafter (by cost and
-    by decode tok/s and by steady decode tok/s (`add_steady_rates`), each picked on its own measure; by
-    the two rates among the peers of structure's own `engine_group` where there are any) and the
-    oracle; `oracle_share` = the share of the oracle's cost saving over the best stock drafter that
-    structure captures."""
+    """Per (arm, batch, γ, prefix cache) and compared mode (COMPARED_MODES): the mode against `off`,
+    the best stock drafter (by cost and by decode tok/s and by steady decode tok/s (`add_steady_rates`),
+    each picked on its own measure; by the two rates among the peers of the mode's own `engine_group`
+    where there are any) and the oracle; `oracle_share` = the share of the oracle's cost saving over
+    the best stock drafter that the mode captures."""
     cells: dict[tuple, dict[str, Mapping]] = {}
     offs: dict[tuple, Mapping] = {}
     for r in runs:
@@ -165,42 +168,46 @@ def peer_table(runs: Iterable[Mapping]) -> list[dict]:
         else:
             cells.setdefault((r["arm"], r["batch"], r["gamma"], r["prefix_cache"]), {})[r["mode"]] = r
     out = []
-    for (arm, batch, gamma, cache), modes in sorted(cells.items()):
-        st = modes.get("structure")
-        stock = [modes[m] for m in STOCK_MODES if m in modes]
+    for (arm, batch, _gamma, cache), modes in sorted(cells.items()):
         off = offs.get((arm, batch, cache))
-        if st is None:
-            continue
-        row: dict[str, Any] = {"arm": arm, "batch": batch, "gamma": gamma, "prefix_cache": cache,
-                               "structure_cost": st.get("cost"), "structure_tok_s": st.get("decode_tok_s"),
-                               "oracle_cost": st.get("oracle_cost")}
-        if off is not None and st.get("cost"):
-            row["cost_vs_off"] = off["passes"] / st["cost"]
-            row["tok_s_vs_off"] = _ratio(st.get("decode_tok_s"), off.get("decode_tok_s"))
-        if stock:
-            by_cost = min(stock, key=lambda r: r.get("cost") or float("inf"))
-            # decode tok/s only against peers measured beside it (the same group of live engines,
-            # their runs interleaved): a mode measured in a later group ran minutes later, alone
-            group = st.get("engine_group")
-            beside = [r for r in stock if r.get("engine_group") == group] or stock
-            by_speed = max(beside, key=lambda r: r.get("decode_tok_s") or 0.0)
-            by_steady = max(beside, key=lambda r: r.get("steady_tok_s") or 0.0)
-            row.update({"best_stock_by_cost": by_cost["mode"], "best_stock_cost": by_cost.get("cost"),
-                        "best_stock_by_tok_s": by_speed["mode"],
-                        "best_stock_tok_s": by_speed.get("decode_tok_s"),
-                        "cost_vs_best_stock": _ratio(by_cost.get("cost"), st.get("cost")),
-                        "tok_s_vs_best_stock": _ratio(st.get("decode_tok_s"), by_speed.get("decode_tok_s")),
-                        "structure_prefill_wait_share": st.get("prefill_wait_share")})
-            if st.get("steady_tok_s") and by_steady.get("steady_tok_s"):
-                row.update({"best_stock_by_steady": by_steady["mode"],
-                            "steady_vs_best_stock": _ratio(st["steady_tok_s"], by_steady["steady_tok_s"])})
-            oc = st.get("oracle_cost")
-            if oc is not None and by_cost.get("cost"):
-                row["oracle_vs_best_stock"] = by_cost["cost"] / oc if oc else None
-                gain = by_cost["cost"] - oc
-                row["oracle_share"] = (by_cost["cost"] - st["cost"]) / gain if gain > 0 else None
-        out.append(row)
+        out += [_peer_row(modes, name, off) for name in COMPARED_MODES if name in modes]
     return out
+
+
+def _peer_row(modes: Mapping[str, Mapping], name: str, off: Mapping | None) -> dict:
+    """One row of `peer_table`: mode `name` of one (arm, batch, γ, prefix cache) cell."""
+    st = modes[name]
+    stock = [modes[m] for m in STOCK_MODES if m in modes]
+    arm, batch, gamma, cache = st["arm"], st["batch"], st["gamma"], st["prefix_cache"]
+    row: dict[str, Any] = {"arm": arm, "mode": name, "batch": batch, "gamma": gamma, "prefix_cache": cache,
+                           "structure_cost": st.get("cost"), "structure_tok_s": st.get("decode_tok_s"),
+                           "oracle_cost": st.get("oracle_cost")}
+    if off is not None and st.get("cost"):
+        row["cost_vs_off"] = off["passes"] / st["cost"]
+        row["tok_s_vs_off"] = _ratio(st.get("decode_tok_s"), off.get("decode_tok_s"))
+    if stock:
+        by_cost = min(stock, key=lambda r: r.get("cost") or float("inf"))
+        # decode tok/s only against peers measured beside it (the same group of live engines,
+        # their runs interleaved): a mode measured in a later group ran minutes later, alone
+        group = st.get("engine_group")
+        beside = [r for r in stock if r.get("engine_group") == group] or stock
+        by_speed = max(beside, key=lambda r: r.get("decode_tok_s") or 0.0)
+        by_steady = max(beside, key=lambda r: r.get("steady_tok_s") or 0.0)
+        row.update({"best_stock_by_cost": by_cost["mode"], "best_stock_cost": by_cost.get("cost"),
+                    "best_stock_by_tok_s": by_speed["mode"],
+                    "best_stock_tok_s": by_speed.get("decode_tok_s"),
+                    "cost_vs_best_stock": _ratio(by_cost.get("cost"), st.get("cost")),
+                    "tok_s_vs_best_stock": _ratio(st.get("decode_tok_s"), by_speed.get("decode_tok_s")),
+                    "structure_prefill_wait_share": st.get("prefill_wait_share")})
+        if st.get("steady_tok_s") and by_steady.get("steady_tok_s"):
+            row.update({"best_stock_by_steady": by_steady["mode"],
+                        "steady_vs_best_stock": _ratio(st["steady_tok_s"], by_steady["steady_tok_s"])})
+        oc = st.get("oracle_cost")
+        if oc is not None and by_cost.get("cost"):
+            row["oracle_vs_best_stock"] = by_cost["cost"] / oc if oc else None
+            gain = by_cost["cost"] - oc
+            row["oracle_share"] = (by_cost["cost"] - st["cost"]) / gain if gain > 0 else None
+    return row
 
 
 def _ratio(a, b):

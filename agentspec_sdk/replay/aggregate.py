@@ -18,7 +18,7 @@ from agentspec_sdk.replay.loop import TurnLog
 UNCLASSIFIED = "unclassified"
 
 
-SPECULATIVE = ("ngram", "suffix", "suffix-tuned", "structure", "structure-no-budget",
+SPECULATIVE = ("ngram", "suffix", "suffix-tuned", "structure", "structure-tuned", "structure-no-budget",
                "structure-no-isolation", "structure-rate-rule", "structure-uncalibrated",
                "structure-no-suffix", "draft_model", "draft_model+cut", "structure+draft_model")
 

@@ -39,6 +39,8 @@ MODES = {
     # suffix with its two knobs tuned (SUFFIX_TUNED, or the plan's own pair): a stock peer like suffix
     "suffix-tuned": {"speculation": "suffix"},
     "structure": {"speculation": "structure"},
+    # structure with a plan tuned on other turns of the same traffic (`agentspec tune`; --plan FILE)
+    "structure-tuned": {"speculation": "structure"},
     # ablations: the structure drafter with one part off (drafting.lab.ABLATIONS, passed as the
     # engine's lab switches; docs/drafting.md, "Lab switches")
     "structure-no-budget": {"speculation": "structure", "lab": ABLATIONS["no_budget"]},
@@ -170,9 +172,11 @@ def format_arms(formats: list[str]) -> list[str]:
     return [FORMAT_ARMS[f] for f in formats]
 
 
-def engine_kwargs(mode: str, gamma: int, suffix_tuned: tuple[float, float] = SUFFIX_TUNED) -> dict:
+def engine_kwargs(mode: str, gamma: int, suffix_tuned: tuple[float, float] = SUFFIX_TUNED,
+                  tuned_plan=None) -> dict:
     """Engine settings of a bench mode at draft length cap `gamma`; `suffix_tuned`: the
-    (max_spec_factor, min_token_prob) pair of the `suffix-tuned` mode."""
+    (max_spec_factor, min_token_prob) pair of the `suffix-tuned` mode; `tuned_plan`: the plan file of the
+    `structure-tuned` mode (`agentspec tune --out`)."""
     if mode not in MODES:
         raise TraceError(f"unknown mode {mode!r}; modes are {list(MODES)}")
     kw = dict(MODES[mode])
@@ -184,4 +188,8 @@ def engine_kwargs(mode: str, gamma: int, suffix_tuned: tuple[float, float] = SUF
         kw["draft_model"] = str(default_draft())
     if mode == "suffix-tuned":
         kw["suffix_max_spec_factor"], kw["suffix_min_token_prob"] = (float(x) for x in suffix_tuned)
+    if mode == "structure-tuned":
+        if tuned_plan is None:
+            raise TraceError("mode structure-tuned needs the tuned plan (--plan FILE, from `agentspec tune`)")
+        kw["plan"] = str(tuned_plan)
     return kw

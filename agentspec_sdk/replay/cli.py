@@ -19,6 +19,9 @@ SEED = Annotated[int, typer.Option("--seed", help="engine seed")]
 CAPTURE = Annotated[Path | None,
                     typer.Option("--capture", help="capture the off run's turns (token ids, grammar, tools, "
                                                    "episode) into this directory (docs/capture.md)")]
+TUNED_PLAN = Annotated[Path | None,
+                       typer.Option("--plan", help="a plan from `agentspec tune` (tuned on other turns of "
+                                                   "this traffic): adds the mode structure-tuned")]
 EAGER = Annotated[bool,
                   typer.Option("--eager/--compile",
                                help="skip torch.compile (engine start ~15 s instead of ~90 s "
@@ -62,6 +65,19 @@ def _capture_dir(capture: Path | None, modes: list[str]) -> Path | None:
         raise AgentSpecError(f"--capture keeps the {CAPTURED_MODE} run's turns; --modes "
                              f"{','.join(modes)} has no {CAPTURED_MODE}")
     return capture.resolve()
+
+
+def _with_tuned(modes: list[str], tuned_plan: Path | None) -> list[str]:
+    """`--plan FILE`: the plan checked now (PlanError names the file) and the mode structure-tuned run
+    beside structure."""
+    if tuned_plan is None:
+        if "structure-tuned" in modes:
+            raise AgentSpecError("mode structure-tuned needs --plan FILE (a plan from `agentspec tune`)")
+        return modes
+    from agentspec_sdk.drafting.plan import DraftPlan
+
+    DraftPlan.load(tuned_plan)
+    return modes if "structure-tuned" in modes else [*modes, "structure-tuned"]
 
 
 def _capture_meta(capture: Path | None) -> dict:
@@ -187,16 +203,17 @@ def demo(out: OUT = Path("agentspec-demo"),
          formats: Annotated[str, typer.Option("--formats", help="agent formats replayed, one arm each: "
                                               "tool_calls (D), react (D-react), code_agent (D-code)")]
          = "tool_calls,react,code_agent",
-         capture: CAPTURE = None, eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
-         show_engine_log: SHOW_ENGINE_LOG = False) -> None:
+         capture: CAPTURE = None, tuned_plan: TUNED_PLAN = None, eager: EAGER = True, model: MODEL = None,
+         seed: SEED = 0, show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay the bundled agent traces (JSON tool calls, ReAct, a code agent) with speculation off /
     structure / ngram / suffix and report per format."""
     from agentspec_sdk.replay.arms import build_arm, format_arms
     from agentspec_sdk.replay.runner import ModeConfig, Plan
 
     try:
-        mode_list = _csv(modes) if modes else (["off", "structure", "suffix"] if quick
-                                               else ["off", "structure", "ngram", "suffix"])
+        mode_list = _with_tuned(_csv(modes) if modes else (["off", "structure", "suffix"] if quick
+                                                           else ["off", "structure", "ngram", "suffix"]),
+                                tuned_plan)
         # --traces replaces the bundled traces: one arm in that file's own format
         agent_arms = ["D"] if traces else format_arms(_csv(formats))
         arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a],
@@ -210,7 +227,7 @@ def demo(out: OUT = Path("agentspec-demo"),
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     entropies=entropies,
                     entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
-                    capture=_capture_dir(capture, mode_list),
+                    capture=_capture_dir(capture, mode_list), tuned_plan=tuned_plan,
                     meta={"command": "demo" + (" --quick" if quick else ""),
                           "traces": str(traces or "bundled"), **_capture_meta(capture)})
         # per agent-format arm: structure against off and the stock drafters
@@ -259,6 +276,7 @@ def bench(out: OUT = Path("agentspec-bench"),
                                                        "model in transformers: rho_c = exp(-H_c), kappa "
                                                        "fitted")] = True,
           eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+          tuned_plan: TUNED_PLAN = None,
           show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
     from agentspec_sdk.backends.engine_config import check_suffix_knobs
@@ -267,6 +285,7 @@ def bench(out: OUT = Path("agentspec-bench"),
 
     try:
         mode_list, gamma_list, batch_list = _csv(modes), _csv(gammas, int), _csv(batches, int)
+        mode_list = _with_tuned(mode_list, tuned_plan)
         tuned = _csv(suffix_tuned, float)
         if len(tuned) != 2:
             raise typer.BadParameter("--suffix-tuned takes max_spec_factor,min_token_prob, "
@@ -291,7 +310,7 @@ def bench(out: OUT = Path("agentspec-bench"),
         plan = Plan(configs=configs, arms=arm_list, batches=batch_list,
                     primary={"batch": max(batch_list), "gamma": primary_gamma}, model=model, seed=seed,
                     enforce_eager=eager, entropies=entropies, repeats=repeats,
-                    suffix_tuned=(tuned[0], tuned[1]),
+                    suffix_tuned=(tuned[0], tuned[1]), tuned_plan=tuned_plan,
                     meta={"command": "bench", "sources": {
                         "A": "CPython reference text, stdlib pydoc_data.topics",
                         "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",
@@ -318,7 +337,7 @@ def headline(report: dict) -> list[str]:
     for p in report.get("peers") or []:
         if p["batch"] != b or not p["prefix_cache"] or p["arm"] not in ("A", "D", "D-react", "D-code"):
             continue
-        head = f"Arm {p['arm']}, b={b}, γ={p['gamma']}: structure"
+        head = f"Arm {p['arm']}, b={b}, γ={p['gamma']}: {p.get('mode', 'structure')}"
         parts = []
         if p.get("cost_vs_off"):
             parts.append(f"{p['cost_vs_off']:.2f}× off in cost, {_x(p.get('tok_s_vs_off'))} in decode tok/s")

@@ -152,12 +152,13 @@ def _peer_lines(report: Mapping) -> list[str]:
     peers = report.get("peers") or []
     if peers:
         lines += ["",
-                  "| arm | γ | b | structure ÷ off (cost / tok/s) | best stock by cost | structure ÷ best "
-                  "stock, cost | best stock by tok/s | structure ÷ best stock, tok/s | oracle ÷ best stock "
-                  "(cost) | share of the oracle's gain | structure ÷ best stock, steady tok/s |",
-                  "|" + "---|" * 11]
+                  "| arm | mode | γ | b | mode ÷ off (cost / tok/s) | best stock by cost | mode ÷ best "
+                  "stock, cost | best stock by tok/s | mode ÷ best stock, tok/s | oracle ÷ best stock "
+                  "(cost) | share of the oracle's gain | mode ÷ best stock, steady tok/s |",
+                  "|" + "---|" * 12]
         for p in peers:
-            lines.append(f"| {p['arm']} | {p['gamma']} | {p['batch']} | {_f(p.get('cost_vs_off'))}× / "
+            lines.append(f"| {p['arm']} | {p.get('mode', 'structure')} | {p['gamma']} | {p['batch']} "
+                         f"| {_f(p.get('cost_vs_off'))}× / "
                          f"{_f(p.get('tok_s_vs_off'))}× | {p.get('best_stock_by_cost', '–')} "
                          f"| {_f(p.get('cost_vs_best_stock'))}× | {p.get('best_stock_by_tok_s', '–')} "
                          f"| {_f(p.get('tok_s_vs_best_stock'))}× | {_f(p.get('oracle_vs_best_stock'))}× "

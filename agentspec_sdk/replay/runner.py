@@ -65,6 +65,7 @@ class Plan:
     suffix_tuned: tuple[float, float] = SUFFIX_TUNED  # `suffix-tuned`: (max_spec_factor, min_token_prob)
     # the `off` runs' turns, captured into this directory after the warm-up (docs/capture.md)
     capture: Path | None = None
+    tuned_plan: Path | None = None  # `structure-tuned`'s plan file (`agentspec tune --out`)
 
     def __post_init__(self) -> None:
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
@@ -105,7 +106,7 @@ def build_engine(plan: Plan, cfg: ModeConfig):
     return Engine(model=plan.model, formats=formats,
                   enable_prefix_caching=cfg.prefix_cache, max_model_len=plan.max_model_len, seed=plan.seed,
                   enforce_eager=plan.enforce_eager, in_process=True,
-                  **engine_kwargs(cfg.mode, cfg.gamma, plan.suffix_tuned))
+                  **engine_kwargs(cfg.mode, cfg.gamma, plan.suffix_tuned, plan.tuned_plan))
 
 
 def _warm_up(engine: AgentEngine) -> None:
@@ -481,6 +482,9 @@ def _measure_in_process(plan: Plan, engine_factory: Callable[[Plan, ModeConfig],
                         on_status: Callable[[str], None] | None) -> None:
     # in-process engines (tests, a custom backend): one after another, fresh per batch size and repeat
     # too, the configs' order rotating from one repeat to the next
+    from agentspec_sdk.replay.arms import ensure_prose_format
+
+    ensure_prose_format()  # as each measuring process does (`_child`): arm A's episodes are prose
     n = len(plan.configs)
     for repeat, b, cfg in [(r, b, plan.configs[(i + r) % n]) for r in range(plan.repeats)
                            for b in plan.batches for i in range(n)]:
