@@ -89,3 +89,8 @@ class MalformedResponse(BackendError):
 
 class BfclDataError(AgentSpecError):
     """bfcl-eval is missing, or a BFCL data file, category or class does not exist."""
+
+
+class TuneError(AgentSpecError):
+    """`agentspec tune` cannot tune on its input: too few episodes to split, an unknown agent format,
+    a bad setting (the message names the file, line or option)."""
