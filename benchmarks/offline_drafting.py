@@ -377,13 +377,16 @@ def explain_table(rows: list[dict]) -> str:
 
 
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
-                      boundary: str = "price", **plan_fields):
+                      boundary: str = "price", finished_first: bool = False, **fields):
     """The product's structure drafter over the bundled formats; `suffix_trees=False`: without its
-    SuffixDecoding trees (the drafter before they became one of its sources); `plan_fields`: other
-    DraftPlan fields (e.g. delta_ctx=0: every row priced alike)."""
+    SuffixDecoding trees (the drafter before they became one of its sources); `fields`: other
+    DraftPlan fields (e.g. delta_ctx=0: every row priced alike, kinds: a policy per segment kind) or
+    lab switches (drafting.lab.LabSwitches, e.g. budget_rule="rate"). `finished_first`: see
+    `tuning.candidates.StructureCall`."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.lab import LAB_FIELDS, LabSwitches
     from agentspec_sdk.replay.arms import PROSE
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, format_names
 
@@ -391,9 +394,11 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, 
     # arm A's prose format where its turns were loaded (label_turns registers it), as the bench's
     # engine adds it for arm A
     formats = [REACT, TOOL_CALLS, CODE_AGENT] + ([PROSE] if PROSE.name in format_names() else [])
-    fields = {"formats": formats, "tools": tools, "tokenizer": model, "suffix_trees": suffix_trees,
-              "boundary": boundary, **plan_fields}
-    return _structure_drafter(gamma, AutoTokenizer.from_pretrained(model), fields, explain=explain)
+    lab = LabSwitches(suffix_trees=suffix_trees, **{k: v for k, v in fields.items() if k in LAB_FIELDS})
+    plan_fields = {"formats": formats, "tools": tools, "tokenizer": model, "boundary": boundary,
+                   **{k: v for k, v in fields.items() if k not in LAB_FIELDS}}
+    return _structure_drafter(gamma, AutoTokenizer.from_pretrained(model), plan_fields, explain=explain,
+                              lab=lab, finished_first=finished_first)
 
 
 def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:

@@ -169,7 +169,7 @@ def test_short_matches_in_code_are_not_continued(offline):
     code6, code3 = replay(), replay(lookup_min_chars_code=3)
     assert code6["drafted"] < code3["drafted"] - 150 and code6["passes"] <= code3["passes"]
     assert _cost(code6) < _cost(code3) - 8
-    with pytest.raises(PlanError, match="lookup_min_chars_code must be an integer >= 1"):
+    with pytest.raises(PlanError, match="lookup_min_chars_code: Input should be greater than or equal to 1"):
         DraftPlan(formats=["code_agent"], lookup_min_chars_code=0)
 
 

@@ -11,6 +11,7 @@ from agentspec_sdk.drafting import rows as rows_mod
 from agentspec_sdk.drafting import text as text_mod
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import RowInput
 from agentspec_sdk.drafting.text import HistoryText, TokenBytes
@@ -264,7 +265,7 @@ def test_draft_estimates_are_calibrated_by_what_the_target_accepted(tok):
     chained = Candidate([5, 6], ["forced", "suffix"], "prose", "F", [1.0, 0.9])
     depth0 = cal.factor("F", "prose", "suffix", 0)
     assert drafter.estimates.confidences(chained)[1] == pytest.approx(0.9 * depth0)
-    off = StructureDrafter(DraftPlan(tools=[], calibrate=False), tok)
+    off = StructureDrafter(DraftPlan(tools=[]), tok, lab=LabSwitches(calibrate=False))
     off.accounting.calibration = cal
     fresh = Candidate([5, 6, 7], ["suffix", "suffix", "extend"], "prose", "F", [0.9, 0.9, 0.5])
     assert off.estimates.confidences(fresh) == [0.9, 0.9, 0.5]
@@ -366,10 +367,12 @@ def test_plan_round_trips_and_rejects_bad_fields(tmp_path):
         DraftPlan.from_dict({"gama_max": 3})
     with pytest.raises(PlanError, match="prior_acceptance"):
         DraftPlan(prior_acceptance={"S": 1.5})
-    with pytest.raises(PlanError, match="budget_rule must be 'rate' or 'value', got 'ratio'"):
-        DraftPlan(budget_rule="ratio")
-    with pytest.raises(PlanError, match="calibrate must be true or false, got 'no'"):
-        DraftPlan(calibrate="no")
+    with pytest.raises(PlanError, match="budget_rule='rate' is a lab switch"):
+        DraftPlan(budget_rule="rate")
+    with pytest.raises(PlanError, match="lab switches: .*budget_rule"):
+        LabSwitches.of({"budget_rule": "ratio"})
+    with pytest.raises(PlanError, match="lab switches: .*calibrate"):
+        LabSwitches.of({"calibrate": "no"})
     with pytest.raises(PlanError, match="not valid JSON"):
         (tmp_path / "bad.json").write_text("{")
         DraftPlan.load(tmp_path / "bad.json")
@@ -405,7 +408,8 @@ def test_ablation_without_isolation_drafts_across_segments(tok):
     ids = tok.encode(prompt + msgs_out + ' <tool_call>{"name": "a", "arguments": {}}</tool')
     # the wall: the draft stops at the segment end (boundary "price", the default, may price past it)
     iso = StructureDrafter(DraftPlan(tools=[], boundary="wall"), tok).propose([RowInput(np.array(ids))])[0]
-    free = StructureDrafter(DraftPlan(tools=[], isolation=False), tok).propose([RowInput(np.array(ids))])[0]
+    free = StructureDrafter(DraftPlan(tools=[]), tok, lab=LabSwitches(isolation=False)).propose(
+        [RowInput(np.array(ids))])[0]
     assert tok.decode(iso) == "_call>"
     assert tok.decode(free).startswith("_call>\nThen")
 
@@ -415,7 +419,8 @@ def test_ablation_without_budget_drafts_fixed_lengths(tok):
                      + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell')
     capped = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3), tok)
     assert len(capped.propose([RowInput(np.array(ids))])[0]) == 3
-    fixed = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3, budget=False), tok)
+    fixed = StructureDrafter(DraftPlan(tools=[], gamma_max=8, step_budget=3), tok,
+                             lab=LabSwitches(budget=False))
     assert len(fixed.propose([RowInput(np.array(ids))])[0]) > 3
 
 
@@ -471,16 +476,23 @@ def test_an_unsupported_tool_schema_disables_forcing_only(tok):
     assert tok.decode(drafter.propose([RowInput(np.array(ids))])[0]).startswith("avista")
 
 
-def test_every_bench_ablation_is_a_valid_plan():
-    """The bench modes structure-no-budget, -no-isolation, -rate-rule and -uncalibrated reach the
-    drafter as plan fields (`engine_config.ABLATION_PLAN`, what `Engine` builds its plan with)."""
-    from agentspec_sdk.backends.engine_config import ABLATION_PLAN, ABLATIONS
-    from agentspec_sdk.replay.arms import MODES
+def test_every_bench_ablation_reaches_the_engine_as_lab_switches_not_plan_fields():
+    """The bench modes structure-no-budget, -no-isolation, -rate-rule, -uncalibrated and -no-suffix
+    are engine settings (`EngineConfig.lab`, drafting.lab.ABLATIONS), each one switch off; a plan
+    holds none of them (its file refuses an ablation's value, and accepts the defaults older files
+    hold)."""
+    from agentspec_sdk.backends.engine_config import EngineConfig
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_FIELDS
+    from agentspec_sdk.replay.arms import MODES, engine_kwargs
 
-    assert set(ABLATION_PLAN) == set(ABLATIONS)
-    for mode in ("structure-no-budget", "structure-no-isolation", "structure-rate-rule",
-                 "structure-uncalibrated"):
-        fields = ABLATION_PLAN[MODES[mode]["ablation"]]
-        plan = DraftPlan(tools=TOOLS, **fields)
-        assert fields and all(getattr(plan, k) == v for k, v in fields.items())
-    assert DraftPlan(tools=TOOLS).budget_rule == "value"
+    for name in ("no-budget", "no-isolation", "rate-rule", "uncalibrated", "no-suffix"):
+        kw = engine_kwargs(f"structure-{name}", 8)
+        lab = EngineConfig(**kw).lab
+        assert lab is ABLATIONS[name.replace("-", "_")] and not lab.is_default
+        changed = {k for k, v in lab.model_dump().items() if v != LAB_FIELDS[k]}
+        assert len(changed) == 1
+        (field,) = changed
+        with pytest.raises(PlanError, match=f"{field}=.* is a lab switch"):
+            DraftPlan.from_dict({"tools": TOOLS, field: getattr(lab, field)})
+    assert "lab" not in MODES["structure"] and not set(LAB_FIELDS) & set(DraftPlan(tools=TOOLS).to_dict())
+    assert DraftPlan.from_dict({"tools": TOOLS, **LAB_FIELDS}) == DraftPlan(tools=TOOLS)

@@ -7,6 +7,7 @@ import pytest
 
 from agentspec_sdk.drafting import lookup as lookup_mod
 from agentspec_sdk.drafting.drafter import StructureDrafter
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import TAIL, RowInput
 from agentspec_sdk.drafting.text import HistoryText
@@ -126,8 +127,8 @@ def test_a_lookup_whose_first_token_is_not_worth_its_price_is_not_tokenized(tok,
     monkeypatch.setattr(candidates, "canonical_tokens", lambda *a, **k: tokenized.append(1) or real(*a, **k))
     ids = _free_text_row(tok)
     prior = {"S": 0.8, "R": 0.3, "F": 0.3}
-    dear = StructureDrafter(DraftPlan(tools=[], learn_delta=False, suffix_trees=False, delta=0.5,
-                                      prior_acceptance=prior, budget=budget), tok)
+    dear = StructureDrafter(DraftPlan(tools=[], learn_delta=False, delta=0.5, prior_acceptance=prior), tok,
+                            lab=LabSwitches(suffix_trees=False, budget=budget))
     (draft,) = dear.propose([RowInput(ids)])
     price = float(dear.sizer.step_prices[0])
     assert price > 0.3
@@ -137,8 +138,8 @@ def test_a_lookup_whose_first_token_is_not_worth_its_price_is_not_tokenized(tok,
     else:  # tokenized; whether it is sent is the law's gate's call (`budget.fixed`)
         assert tokenized
     tokenized.clear()
-    cheap = StructureDrafter(DraftPlan(tools=[], learn_delta=False, suffix_trees=False, delta=0.05,
-                                       prior_acceptance=prior, budget=budget), tok)
+    cheap = StructureDrafter(DraftPlan(tools=[], learn_delta=False, delta=0.05, prior_acceptance=prior), tok,
+                             lab=LabSwitches(suffix_trees=False, budget=budget))
     (draft,) = cheap.propose([RowInput(ids)])
     price = float(cheap.sizer.step_prices[0])
     assert tokenized and tok.decode(draft).startswith(" at dusk")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from agentspec_sdk.drafting.drafter import StructureDrafter
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import Candidate, RowInput
 from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
@@ -98,7 +99,7 @@ def test_drafter_drafts_what_another_row_wrote_and_stops_at_the_segment_end(tok)
 
 
 def test_structure_drafter_without_trees_when_the_plan_says_so(tok):
-    drafter = StructureDrafter(DraftPlan(tools=[], suffix_trees=False), tok)
+    drafter = StructureDrafter(DraftPlan(tools=[]), tok, lab=LabSwitches(suffix_trees=False))
     assert drafter.trees is None and drafter.stats()["suffix_trees"] is False
 
 
@@ -236,7 +237,7 @@ def test_the_row_choice_learns_its_bias_from_the_tokens_revealed(tok):
     assert choices.bias[key] == before
     choices.judge(row.contest, 1, [1, 2, 3, 4])  # own chosen, the tree went further
     assert choices.bias[key] == pytest.approx(before - CHOICE_STEP)
-    off = StructureDrafter(DraftPlan(tools=[], learn_delta=False, learn_choice=False), tok)
+    off = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok, lab=LabSwitches(learn_choice=False))
     off.choices.bias[key] = 10.0
     off_choice, _ = _sources(off, own, tree)
     row = SimpleNamespace(contest=None)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.errors import BackendError
 from agentspec_sdk.structure.formats import AgentFormat
 from agentspec_sdk.structure.tools import ToolRegistry
@@ -25,11 +26,6 @@ SPECULATION = ("off", "ngram", "suffix", "structure", "draft_model", "draft_mode
 # (drafting.hybrid.MODEL_MODES): the model's drafts untouched (recorded per class), cut at the segment
 # end, or cut and weighed per row against the structure drafter's
 MODEL_DRAFTERS = {"draft_model": "observe", "draft_model+cut": "cut", "structure+draft_model": "hybrid"}
-ABLATIONS = (None, "no_budget", "no_isolation", "rate_rule", "uncalibrated")
-# the draft plan's fields each ablation sets (bench modes structure-no-budget, -no-isolation,
-# -rate-rule, -uncalibrated)
-ABLATION_PLAN = {None: {}, "no_budget": {"budget": False}, "no_isolation": {"isolation": False},
-                 "rate_rule": {"budget_rule": "rate"}, "uncalibrated": {"calibrate": False}}
 STOCK = ("ngram", "suffix")  # vLLM's own model-free drafters: the peers every claim is measured against
 # vLLM's custom_class speculator, imported by vLLM from this path
 PROPOSER_CLASS = "agentspec_sdk.backends.inside_vllm.vllm_proposer.AgentSpecProposer"
@@ -158,7 +154,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0
-    ablation: str | None = None  # one of ABLATIONS
+    # the bench's ablation switches for the structure drafter (drafting.lab; None: as it ships)
+    lab: LabSwitches | None = None
     ngram_min: int = 2  # ngram: shortest match
     ngram_max: int = 5  # ngram: longest match
     # suffix: vLLM's suffix_decoding_max_spec_factor / _min_token_prob (None: vLLM's 1.0 / 0.1)
@@ -177,8 +174,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION:
             raise BackendError(f"speculation must be one of {SPECULATION}, got {self.speculation!r}")
-        if self.ablation not in ABLATIONS:
-            raise BackendError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
+        if self.lab is not None and not isinstance(self.lab, LabSwitches):
+            raise BackendError(f"lab must be a drafting.lab.LabSwitches, got {type(self.lab).__name__}")
         if self.speculation == "suffix":
             require_suffix_decoding()
         if self.speculation in MODEL_DRAFTERS and not self.draft_model:

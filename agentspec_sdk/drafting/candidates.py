@@ -15,8 +15,9 @@ from typing import NamedTuple
 
 from agentspec_sdk.drafting.forced import canonical_tokens
 from agentspec_sdk.drafting.grammars import CallGrammars, close_of, open_of
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.lookup import continuation
-from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.plan import DraftPlan, KindRule
 from agentspec_sdk.drafting.pricing import Estimates
 from agentspec_sdk.drafting.rows import Candidate, RowState
 from agentspec_sdk.drafting.suffix_source import SuffixTrees
@@ -38,13 +39,21 @@ TRIMMED_PROBES = ("a", "0", '"')
 class DraftSetup:
     """What building a row's draft needs from the plan and the tokenizer, fixed while a plan runs:
     the plan, the draft's length cap `gamma`, the vocabulary's bytes, the draft-text tokenizer
-    (`tokenizer.MemoTokenizer`) and the turn-end token ids."""
+    (`tokenizer.MemoTokenizer`), the turn-end token ids, the lab switches and each segment kind's
+    rule (`DraftPlan.kind_rules`)."""
 
     plan: DraftPlan
     gamma: int
     token_bytes: TokenBytes
     memo_tokenizer: object
     end_ids: frozenset
+    lab: LabSwitches
+    rules: dict[str, KindRule]
+    default_rule: KindRule
+
+    def rule(self, kind: str) -> KindRule:
+        """The rule of segment kind `kind` (a kind no plan format names: the plan's global knobs)."""
+        return self.rules.get(kind, self.default_rule)
 
 
 class Chain(NamedTuple):
@@ -65,7 +74,7 @@ class OwnSource:
     whether a lookup beginning the draft is worth tokenizing at the row's price."""
 
     def __init__(self, setup: DraftSetup, grammars: CallGrammars | None, estimates: Estimates):
-        self.setup, self.plan, self.gamma = setup, setup.plan, setup.gamma
+        self.setup, self.plan, self.gamma, self.lab = setup, setup.plan, setup.gamma, setup.lab
         self.grammars, self.estimates = grammars, estimates
 
     def candidate(self, st: RowState, price: float) -> tuple[Candidate | None, tuple[str, str] | None]:
@@ -75,7 +84,7 @@ class OwnSource:
         kind = st.fmt.kind(seg.kind)
         if self.gamma == 0:
             return None, None
-        opening = self._opening(st) if self.plan.isolation and not kind.delimited else None
+        opening = self._opening(st) if self.lab.isolation and not kind.delimited else None
         if opening is not None:  # the model began an open marker: the draft is the new segment's
             return self._opening_candidate(st, *opening), None
         law_class = kind.law_class.value
@@ -173,7 +182,7 @@ class OwnSource:
                     break
                 if price is not None and not text and source == "lookup" \
                         and not self.estimates.lookup_pays(law_class, kind, price) \
-                        and not (self.plan.isolation and st.seg.boundary_in(more) == 0):
+                        and not (self.lab.isolation and st.seg.boundary_in(more) == 0):
                     unpaid = (kind.name, "lookup")  # weighed as worth 0 (`RowChoice.tree_wins`)
                     break  # its first token would not be sent: not tokenized
                 add(more, source)
@@ -210,17 +219,17 @@ class OwnSource:
     def _repeat(self, st: RowState, kind, query: str) -> tuple[str, str, int]:
         """Lookup in earlier segments of the same kind only (a repeated tool call)."""
         same = st.corpora.get(kind.name)
-        if not same or not self.plan.isolation:
+        if not same or not self.lab.isolation:
             return "", "", 0
         return continuation(query, [(same, len(same))], min_chars=self._min_chars(kind),
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
     def _min_chars(self, kind) -> int:
         """The shortest match a lookup continues in segments of this kind."""
-        return self.plan.lookup_min_chars_code if kind.content == "code" else self.plan.lookup_min_chars
+        return self.setup.rule(kind.name).lookup_min_chars
 
     def _lookup(self, st: RowState, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
-        if not self.plan.isolation:
+        if not self.lab.isolation:
             full = st.text.text
             corpora = [(full, len(full) - 1)]
         else:
@@ -237,7 +246,7 @@ class OwnSource:
                     offset: int = 0) -> tuple[list[int], list[str]]:
         """(tokens, source of each token: the part its first byte lies in). `seg`/`offset`: the
         segmenter that judges isolation for text[offset:] (the row's by default)."""
-        if self.plan.isolation:
+        if self.lab.isolation:
             cut = (seg or st.seg).boundary_in(text[offset:])
             if cut is not None:
                 text, keep_last = text[:offset + cut], True
@@ -257,18 +266,22 @@ class TreeSource:
     their learned `acceptance`."""
 
     def __init__(self, setup: DraftSetup, trees: SuffixTrees, acceptance: OnlineAcceptance):
-        self.setup, self.plan, self.gamma = setup, setup.plan, setup.gamma
+        self.setup, self.plan, self.gamma, self.lab = setup, setup.plan, setup.gamma, setup.lab
         self.trees, self.acceptance = trees, acceptance
 
     def candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
         """SuffixDecoding's draft for this row, cut where the current segment ends (boundary "wall")
         or priced past it (boundary "price": the tokens after the end are source "cross"). `note`
         (explain mode) gets the draft before the cut (`tree_raw`, `tree_conf`)."""
-        tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma)
         kind = st.fmt.kind(st.seg.kind)
+        rule = self.setup.rule(kind.name)
+        tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma, rule.tree_spec_factor,
+                                            rule.tree_min_token_prob)
         law_class = kind.law_class.value
         sources = ["suffix"] * len(tokens)
-        more, more_conf = self.trees.extension(st.tree_key, st.tail, self.gamma, tokens)
+        more, more_conf = self.trees.extension(st.tree_key, st.tail, self.gamma, tokens,
+                                               rule.extend_factor or 0.0, rule.tree_spec_factor,
+                                               rule.tree_min_token_prob)
         if more:  # past what suffix's spec factor allows: priced by the learned acceptance of "extend"
             extend = self.acceptance.alpha(law_class, "extend", kind.name)
             tokens, conf = tokens + more, conf + [c * extend for c in more_conf]
@@ -277,9 +290,9 @@ class TreeSource:
             note["tree_raw"], note["tree_conf"] = list(tokens), list(conf)
         if not tokens:
             return None
-        if self.plan.isolation:
+        if self.lab.isolation:
             keep = tokens_inside(self.setup.token_bytes, st.seg, tokens)
-            if self.plan.boundary == "price" and keep < len(tokens):
+            if rule.boundary == "price" and keep < len(tokens):
                 cross = self.acceptance.alpha(law_class, "cross", kind.name)
                 sources[keep:] = ["cross"] * (len(tokens) - keep)
                 conf = conf[:keep] + [c * cross for c in conf[keep:]]
@@ -288,6 +301,18 @@ class TreeSource:
         if not tokens:
             return None
         return Candidate(tokens, sources, kind.name, law_class, conf)
+
+
+    def vllm_draft(self, st: RowState, rule: KindRule, room: int) -> Candidate | None:
+        """Exactly the draft vLLM's suffix proposer sends for this row (policy "trees"): the trees'
+        speculation on the history's last `max_tree_depth` tokens at the kind's knobs, at most `room`
+        tokens; no segment cut, no extension, no budget."""
+        tokens, conf = self.trees.speculate(st.tree_key, st.tail, room, rule.tree_spec_factor,
+                                            rule.tree_min_token_prob)
+        if not tokens:
+            return None
+        kind = st.fmt.kind(st.seg.kind)
+        return Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
 
 
 def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:

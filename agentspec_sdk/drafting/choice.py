@@ -80,7 +80,9 @@ class RowChoice:
         explaining = note is not None
         note = {} if note is None else note
         note.update(own=own, tree=None, tree_raw=[], rule="own")
-        priced = self.plan.boundary == "price" and self.plan.isolation
+        # own continued past its segment end by the tree (boundary "price" of own's kind)
+        priced = own is not None and self.setup.lab.isolation \
+            and self.setup.rule(own.kind).boundary == "price"
         if self.tree is None:
             return own
         if own is not None and own.source in ("forced", "marker"):  # grammar-forced text goes first
@@ -109,7 +111,7 @@ class RowChoice:
         is not worth the price (`Estimates.lookup_pays`), worth 0 and sent empty: weighed as such, so
         the choice and what it learns are those the built lookup would have given."""
         key = (own.kind, own.source) if own is not None else unpaid
-        learn = self.plan.learn_choice
+        learn = self.setup.lab.learn_choice
         base = unextended(tree)
         worth = self.estimates.worth
         own_worth = worth(own, price) if own is not None else 0.0

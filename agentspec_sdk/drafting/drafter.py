@@ -5,7 +5,9 @@ is tracked by its history: a cached `RowState` (decoded text, segmenter over the
 corpora, tool-call matcher, pending draft) is reused when the row's history extends the cached one by
 at most one round's worth of tokens, and rebuilt otherwise (rows finish, arrive, get reordered).
 
-Per step and row: resolve the previous draft (accounting), find the open segment, build a candidate
+Per step and row: resolve the previous draft (accounting), find the open segment and its kind's policy
+(`DraftPlan.kinds`: "off" drafts nothing there, "trees" sends exactly vLLM's suffix draft, unsized;
+"structure" goes on as follows), build a candidate
 draft (grammar-forced text inside a tool call chained with in-segment lookup; a begun open marker
 is completed and the new segment drafted), cut it at the segment's end,
 then size all drafts together with the budget allocator. The rows' own objects (`RowInput`, the cached
@@ -30,6 +32,7 @@ from agentspec_sdk.drafting.budget import TokenRate
 from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource
 from agentspec_sdk.drafting.choice import ChoiceBias, RowChoice
 from agentspec_sdk.drafting.grammars import CallGrammars
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.pricing import Estimates, Sizer
 from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
@@ -70,10 +73,14 @@ class StructureDrafter:
     budgeted = True
 
     def __init__(self, plan: DraftPlan, tokenizer, *, plan_path: str | None = None,
-                 max_draft: int | None = None):
+                 max_draft: int | None = None, max_model_len: int | None = None,
+                 lab: LabSwitches | None = None):
         """`plan_path`: re-read the plan when this file changes. `max_draft`: hard cap on a draft's
-        length whatever the plan says (vLLM's num_speculative_tokens)."""
-        self.max_draft = max_draft
+        length whatever the plan says (vLLM's num_speculative_tokens); `max_model_len`: the context
+        a "trees" draft must leave room in, as vLLM's suffix proposer does (None: no limit). `lab`:
+        the bench's ablation switches (None: the drafter as it ships)."""
+        self.max_draft, self.max_model_len = max_draft, max_model_len
+        self.lab = LabSwitches.of(lab)
         self.ll, self.token_bytes = ll_tokenizer(tokenizer)
         # draft text tokenized once: the drafts' canonical tokens and the tool-call matchers' checks
         self.memo_tokenizer = MemoTokenizer(self.ll)
@@ -93,6 +100,8 @@ class StructureDrafter:
         # per row with the candidates weighed (own, tree, tree_raw before the segment cut, rule) and
         # what was sent; None (the default): nothing recorded
         self.explain: list | None = None
+        # per batch row of the last step, the segment kind its draft began in (None: not segmented)
+        self.last_kinds: list[str | None] = []
         self._apply_plan(plan)
 
     @classmethod
@@ -100,7 +109,7 @@ class StructureDrafter:
         from agentspec_sdk.drafting.plan import PLAN_ENV
 
         plan = DraftPlan.from_env()
-        return cls(plan, tokenizer, plan_path=os.environ[PLAN_ENV])
+        return cls(plan, tokenizer, plan_path=os.environ[PLAN_ENV], lab=LabSwitches.from_env())
 
     # -- plan -----------------------------------------------------------------------------------
 
@@ -120,10 +129,18 @@ class StructureDrafter:
         # formats or tools changed: rebuild every row's state
         self.rows.reset(RowContext(self.trees, self.token_bytes, self.turn_start, self.turn_end,
                                    self.pick_format))
-        setup = DraftSetup(plan, self.gamma, self.token_bytes, self.memo_tokenizer, self.end_ids)
-        self.estimates = Estimates(plan, self.gamma, self.accounting)
+        rules = plan.kind_rules()
+        self.policies = {name: rule.policy for name, rule in rules.items()}
+        self.default_policy = plan.kind_rule("").policy  # a kind no format of the plan names
+        # where a kind sends vLLM's suffix draft, the trees are fed as vLLM's proposer feeds them: a new
+        # row's tokens sampled in its step enter as its response
+        self.vllm_feed = "trees" in self.policies.values() or self.default_policy == "trees"
+        setup = self.setup = DraftSetup(plan, self.gamma, self.token_bytes, self.memo_tokenizer,
+                                        self.end_ids, self.lab, rules, plan.kind_rule(""))
+        self.estimates = Estimates(plan, self.gamma, self.accounting, self.lab)
         self.sizer = Sizer(plan, self.gamma, self.estimates, self.cost, self.rate)
-        tree = TreeSource(setup, self.trees, self.accounting.acceptance) if self.trees is not None else None
+        tree = self.tree = (TreeSource(setup, self.trees, self.accounting.acceptance)
+                            if self.trees is not None else None)
         self.choice = RowChoice(setup, self.estimates, OwnSource(setup, grammars, self.estimates), tree,
                                 self.choices)
         self.accounting.flush()
@@ -131,11 +148,12 @@ class StructureDrafter:
         self.accounting.records_max_bytes = plan.records_max_bytes
 
     def _apply_trees(self, plan: DraftPlan) -> None:
-        if plan.suffix_trees and self.trees is not None:  # the knobs apply from the next step on
+        wanted = self.lab.suffix_trees
+        if wanted and self.trees is not None:  # the knobs apply from the next step on
             self.trees.max_spec_factor = plan.suffix_max_spec_factor
             self.trees.min_token_prob = plan.suffix_min_token_prob
             self.trees.extend_factor = plan.suffix_extend_factor
-        if plan.suffix_trees and self.trees is None:
+        if wanted and self.trees is None:
             if suffix_available():
                 self.trees = SuffixTrees(max_spec_factor=plan.suffix_max_spec_factor,
                                          min_token_prob=plan.suffix_min_token_prob,
@@ -143,7 +161,7 @@ class StructureDrafter:
             else:
                 log.warning("arctic-inference is not installed: the structure drafter runs without suffix "
                             "trees")
-        elif not plan.suffix_trees:
+        elif not wanted:
             self.trees = None
 
     def _check_plan(self) -> None:
@@ -198,13 +216,15 @@ class StructureDrafter:
         prices = self.sizer.begin_step([_context(r) for r in rows], [len(h) for h in histories])
         states, dropped = self.rows.match(histories, self.gamma + 1)
         self.accounting.dropped += dropped
-        candidates, errors, accepted, notes = self._candidates(rows, states, prices)
+        candidates, errors, accepted, notes, direct = self._candidates(rows, states, prices)
         self.rows.states = states
         contexts = [st.n if st is not None else 0 for st in states]
         if self.budgeted:
             drafts = self.sizer.size(candidates, contexts, accepted)
         else:
             drafts = [list(c.tokens) if c is not None else [] for c in candidates]
+        for i, cand in direct.items():  # policy "trees": vLLM's suffix draft as it is, not sized
+            candidates[i], drafts[i] = cand, list(cand.tokens)
         if notes is not None:
             for note, cand, draft in zip(notes, candidates, drafts, strict=True):
                 note.update(chosen=cand, sent=draft)
@@ -213,9 +233,12 @@ class StructureDrafter:
         return drafts
 
     def _candidates(self, rows: Sequence[RowInput], states: list[RowState | None], prices):
-        """(each row's candidate, rows that failed, draft tokens accepted among the drafts resolved,
-        explain notes or None); a failing row's state is dropped."""
+        """(each row's candidate to size, rows that failed, draft tokens accepted among the drafts
+        resolved, explain notes or None, {row: its policy "trees" draft, sent unsized}); a failing
+        row's state is dropped."""
         candidates: list[Candidate | None] = [None] * len(rows)
+        kinds: list[str | None] = [None] * len(rows)
+        direct: dict[int, Candidate] = {}
         notes = [{} for _ in rows] if self.explain is not None else None
         errors = accepted = 0
         for i, row in enumerate(rows):
@@ -225,18 +248,31 @@ class StructureDrafter:
                 st = states[i]
                 ids = row.history()
                 if st is None:
-                    st = states[i] = self.rows.new_row(ids)
+                    response = (row.sampled or 1) if self.vllm_feed else 0
+                    st = states[i] = self.rows.new_row(ids, response)
                     self.accounting.rebuilds += 1
                 else:
                     accepted += self._resolve(st, ids, row.sampled)
                     st.advance(ids)
+                kind = kinds[i] = st.seg.kind
+                policy = self.policies.get(kind, self.default_policy)
+                if policy != "structure":
+                    st.contest = None
+                    if policy == "trees" and self.tree is not None:
+                        room = self.gamma if self.max_model_len is None else \
+                            min(self.gamma, self.max_model_len - st.n - 1)
+                        cand = self.tree.vllm_draft(st, self.setup.rule(kind), room)
+                        if cand is not None:
+                            direct[i] = cand
+                    continue
                 candidates[i] = self._row_candidate(i, st, float(prices[i]),
                                                     notes[i] if notes is not None else None)
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1
-                states[i] = None
+                states[i] = kinds[i] = None
                 self._failed(f"row {i}")
-        return candidates, errors, accepted, notes
+        self.last_kinds = kinds
+        return candidates, errors, accepted, notes, direct
 
     def _row_candidate(self, i: int, st: RowState, price: float, note: dict | None) -> Candidate | None:
         """Batch row `i`'s candidate at its `price` (the hook a subclass overrides to weigh another

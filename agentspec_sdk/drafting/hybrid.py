@@ -39,7 +39,8 @@ class HybridDrafter(StructureDrafter):
     sent draft is not a prefix-cut of the model's (its draft probabilities must then be dropped)."""
 
     def __init__(self, plan: DraftPlan, tokenizer, *, mode: str, plan_path: str | None = None,
-                 max_draft: int | None = None):
+                 max_draft: int | None = None, **options):
+        """`options`: `StructureDrafter`'s other keywords (max_model_len, lab)."""
         if mode not in MODEL_MODES:
             raise PlanError(f"model drafter mode must be one of {MODEL_MODES}, got {mode!r}")
         self.mode = mode
@@ -49,7 +50,7 @@ class HybridDrafter(StructureDrafter):
         self.model_chosen = 0  # rows whose sent draft is the model's (cut or not)
         self.structure_chosen = 0  # rows whose sent draft is the structure drafter's
         self.model_cut_tokens = 0  # model tokens dropped at a segment end
-        super().__init__(plan, tokenizer, plan_path=plan_path, max_draft=max_draft)
+        super().__init__(plan, tokenizer, plan_path=plan_path, max_draft=max_draft, **options)
 
     def propose(self, rows: Sequence[RowInput], model_drafts: Sequence[Sequence[int]] | None = None):
         if model_drafts is None or len(model_drafts) != len(rows):

@@ -1,8 +1,12 @@
-"""The plan the SDK hands to the in-vLLM proposer: formats, tools, tokenizer, law parameters, switches.
+"""The plan the SDK hands to the in-vLLM proposer: formats, tools, tokenizer, law parameters and the
+policy per segment kind. A deployment's settings only: the bench's ablation switches are
+`drafting.lab.LabSwitches`, never written here.
 
 It is a JSON file whose path is in the environment variable AGENTSPEC_PLAN, so it also reaches a
 separately started `vllm serve`. The engine rewrites it when tools are registered after start; the
-drafter notices through `PlanWatcher` (mtime checked at most every `poll_s`).
+drafter notices through `PlanWatcher` (mtime checked at most every `poll_s`). The fields are checked
+by pydantic; a bad value raises `PlanError` naming the file and the key path. docs/drafting.md says
+why each default is what it is.
 """
 
 from __future__ import annotations
@@ -10,146 +14,159 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentspec_sdk.drafting.lab import LAB_FIELDS
 from agentspec_sdk.errors import AgentSpecError, PlanError
 from agentspec_sdk.structure.formats import AgentFormat, get_format
 from agentspec_sdk.structure.tools import ToolRegistry
 
+__all__ = ["ALL_KINDS", "DEFAULT_PRIOR", "PLAN_ENV", "POLICIES", "DraftPlan", "KindPolicy", "KindRule",
+           "PlanError", "PlanWatcher", "segment_kinds"]
+
 PLAN_ENV = "AGENTSPEC_PLAN"
 DEFAULT_PRIOR = {"S": 0.8, "R": 0.45, "F": 0.3}
+POLICIES = ("structure", "trees", "off")
+ALL_KINDS = "*"  # the `kinds` key for every segment kind the plan does not name
 
 
-@dataclass
-class DraftPlan:
-    formats: list[dict] = field(default_factory=lambda: [get_format("tool_calls").to_dict()])
-    tools: list[dict] = field(default_factory=list)
+class KindPolicy(BaseModel):
+    """How the drafter drafts in one segment kind; a knob left None takes the plan's global value."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    # structure: the structure drafter; trees: exactly vLLM's suffix proposer's draft; off: no draft
+    policy: Literal["structure", "trees", "off"] = "structure"
+    boundary: Literal["wall", "price"] | None = None
+    lookup_min_chars: int | None = Field(None, ge=1)
+    extend_factor: float | None = Field(None, ge=0)  # 0: no extension draft in this kind
+    tree_spec_factor: float | None = Field(None, gt=0)  # vLLM's suffix_decoding_max_spec_factor
+    tree_min_token_prob: float | None = Field(None, ge=0, le=1)  # vLLM's suffix_decoding_min_token_prob
+
+
+class KindRule(BaseModel):
+    """A kind's policy with every knob resolved against the plan (`DraftPlan.kind_rules`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    policy: Literal["structure", "trees", "off"]
+    boundary: Literal["wall", "price"]
+    lookup_min_chars: int
+    extend_factor: float | None  # None: no extension draft
+    tree_spec_factor: float
+    tree_min_token_prob: float
+
+
+class DraftPlan(BaseModel):
+    """The draft plan (see the module doc). Build it with keywords, `from_dict` or `load`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    formats: list[dict] = Field(default_factory=lambda: [get_format("tool_calls").to_dict()], min_length=1)
+    tools: list[dict] = Field(default_factory=list)
     tokenizer: str | None = None
     turn_start: str | None = None  # text that opens the model's turn; None: from the chat template
-    gamma_max: int = 8
-    # draft tokens per step over all rows; None: no cap (the price sizes drafts)
-    step_budget: int | None = None
-    kappa: float = 1.0
-    # verify cost of one extra token / one target pass, for one sequence; the prior when learn_delta.
-    # 0.04: what the drafter learned in every bench run of 2026-12-04/05 (0.037 on prose rows of 0.3k
-    # tokens, 0.041-0.049 on the agent arms' rows of 1-1.5k); the earlier 0.02 priced a draft token at
-    # b 8 at 0.03 on prose until learned, against the 0.16-0.25 the pass cost
-    # (docs/experiments/2026-12-05-prior-price-and-prose.md)
-    delta: float = 0.04
+    gamma_max: int = Field(8, ge=0, le=64)
+    step_budget: int | None = Field(None, ge=0)  # draft tokens per step over all rows; None: no cap
+    kappa: float = Field(1.0, ge=0)
+    # verify cost of one extra token / one target pass, for one sequence; the prior when learn_delta
+    delta: float = Field(0.04, ge=0)
     learn_delta: bool = True  # learn delta from the proposer's own step times (law.OnlineStepCost)
-    d: float = 0.0  # drafter cost per drafted token / one target pass (forced + lookup: ~0)
-    # A drafted token's verify cost grows with its row's context (the pass cost model's verified_ctx):
-    # delta_ctx per 1k tokens of context, in delta's units (the bench's pass cost fits here: 1.2-1.7 ms
-    # per verified token per 1k context against 111-115 ms per one-row pass). delta holds at ctx_ref
-    # tokens; once learned, at the mean context of the steps it was learned from. ctx_ref None (the
-    # default): the prior holds at each step's own mean row context, so a row pays for its context
-    # against the rows it shares the pass with. A fixed reference made a step of short rows nearly
-    # free, yet its pass is short too: the learned delta was 0.037 at 0.3k tokens per row and
-    # 0.041-0.049 at 1-1.5k, not 0.016 lower
-    delta_ctx: float = 0.013
-    ctx_ref: int | None = None
-    prior_acceptance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PRIOR))
-    gate: bool = True
-    isolation: bool = True  # False: ablation "structure-without-isolation" (drafts may cross boundaries)
-    budget: bool = True  # False: ablation "structure-without-budget" (fixed gamma_max for every row)
-    # which draft tokens the budget sends: "value" every token whose expected acceptance is worth its
-    # price; "rate" only those worth their price times the run's tokens per unit of pass cost
-    # (budget.TokenRate: the law's optimal draft when the acceptance estimates are calibrated). "rate"
-    # wins offline on code_agent (up to +4.4%) and long_context (up to +2.7%) but loses ReAct plain
-    # (up to -3.3%) and, in the engine, D-react (-10% in cost): the tails' estimated values are too
-    # low for it, so it is not the default
-    # (docs/experiments/2026-12-04-decode-time-and-budget-rule.md)
-    budget_rule: str = "value"
-    # Past the segment end: "wall" (a draft stops there) or "price" (the suffix tree's tokens past the
-    # boundary stay in the candidate as source "cross", each worth its tree confidence times the
-    # learned acceptance of (class, "cross"), and the budget sends them only where that pays; the
-    # default: >= "wall" offline on tool_calls, both ReAct sets (+13-14%) and long_context; code_agent
-    # -0.19%, docs/experiments/2026-12-02-price-fixes.md)
-    boundary: str = "price"
+    d: float = Field(0.0, ge=0)  # drafter cost per drafted token / one target pass
+    # growth of a drafted token's verify cost per 1k tokens of its row's context, in delta's units
+    delta_ctx: float = Field(0.013, ge=0)
+    # the context (tokens) delta holds at; None: each step's mean row context
+    ctx_ref: int | None = Field(None, ge=0)
+    prior_acceptance: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRIOR))
+    # past the segment end: "wall" (a draft stops there) or "price" (the trees' tokens past it are
+    # priced by their learned acceptance and sent where that pays)
+    boundary: Literal["wall", "price"] = "price"
     records_path: str | None = None
-    records_max_bytes: int | None = None  # rotate the records file past this size; None: 64 MiB
-    lookup_min_chars: int = 3
-    # the same inside code (segment kinds of content "code": code blocks, Gemma's tool_code), where
-    # 3-5 characters (`(self`, `    re`) recur with many continuations
-    # (docs/experiments/2026-12-02-replay-schedule-and-code-lookups.md)
-    lookup_min_chars_code: int = 6
-    # SuffixDecoding's trees (arctic-inference) as a draft source inside segments; off when the
-    # package is missing (logged) or for the ablation "structure-no-suffix"
-    suffix_trees: bool = True
-    # the trees' two knobs (vLLM's suffix_decoding_max_spec_factor / _min_token_prob; vLLM's defaults)
-    suffix_max_spec_factor: float = 1.0
-    suffix_min_token_prob: float = 0.1
-    # the trees' draft at this larger spec factor: its tokens past the factor-1 draft are a source of
-    # their own ("extend", priced by their learned acceptance per class and kind); None: none
-    suffix_extend_factor: float | None = 2.0
-    # learn, per (segment kind, own candidate's source), a bias added to own's worth in the row's choice
-    # between own and the tree, from which of the two the target's tokens show went further
-    # (choice.ChoiceBias.judge); False: the worths compared as they are
-    learn_choice: bool = True
-    # the estimates a draft is sized by (the trees' confidences, the lookups' learned acceptance) times
-    # a factor learned per (class, segment kind, source, depth) from what the target accepted
-    # (law.OnlineCalibration); False: the estimates as they are
-    calibrate: bool = True
-    version: int = 0
+    records_max_bytes: int | None = Field(None, ge=4096)  # rotate the records past this; None: 64 MiB
+    lookup_min_chars: int = Field(3, ge=1)  # the shortest match a lookup continues
+    lookup_min_chars_code: int = Field(6, ge=1)  # the same in segment kinds of content "code"
+    # the suffix trees' two knobs (vLLM's suffix_decoding_max_spec_factor / _min_token_prob)
+    suffix_max_spec_factor: float = Field(1.0, gt=0)
+    suffix_min_token_prob: float = Field(0.1, ge=0, le=1)
+    # the trees' draft at this larger spec factor, its tokens past the factor-1 draft a source of their
+    # own ("extend"); None: none
+    suffix_extend_factor: float | None = Field(2.0, gt=0)
+    # per segment kind (a kind name of the plan's formats, or "*": every kind not named); absent:
+    # "structure" everywhere
+    kinds: dict[str, KindPolicy] = Field(default_factory=dict)
+    version: int = Field(0, ge=0)
 
-    def __post_init__(self) -> None:
-        self.formats = [f.to_dict() if isinstance(f, AgentFormat) else
-                        get_format(f).to_dict() if isinstance(f, str) else dict(f) for f in self.formats]
-        if isinstance(self.tools, ToolRegistry):
-            self.tools = self.tools.openai_tools()
-        self.tools = [dict(t) for t in self.tools]
-        self.validate()
-
-    def validate(self) -> None:
-        if not isinstance(self.gamma_max, int) or not 0 <= self.gamma_max <= 64:
-            raise PlanError(f"plan: gamma_max must be an integer in [0, 64], got {self.gamma_max!r}")
-        if self.step_budget is not None and (not isinstance(self.step_budget, int) or self.step_budget < 0):
-            raise PlanError(f"plan: step_budget must be None or an integer >= 0, got {self.step_budget!r}")
-        if self.ctx_ref is not None and (isinstance(self.ctx_ref, bool) or not isinstance(self.ctx_ref, int)
-                                         or self.ctx_ref < 0):
-            raise PlanError(f"plan: ctx_ref must be null or an integer >= 0, got {self.ctx_ref!r}")
-        for name in ("kappa", "delta", "d", "delta_ctx"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
-                raise PlanError(f"plan: {name} must be a number >= 0, got {value!r}")
-        for name in ("learn_delta", "gate", "isolation", "budget", "suffix_trees", "learn_choice",
-                     "calibrate"):
-            if not isinstance(getattr(self, name), bool):
-                raise PlanError(f"plan: {name} must be true or false, got {getattr(self, name)!r}")
-        for cls, alpha in self.prior_acceptance.items():
-            if not isinstance(alpha, int | float) or not 0.0 <= alpha <= 1.0:
-                raise PlanError(f"plan: prior_acceptance[{cls!r}] must be in [0, 1], got {alpha!r}")
-        if self.records_max_bytes is not None and (
-                isinstance(self.records_max_bytes, bool) or not isinstance(self.records_max_bytes, int)
-                or self.records_max_bytes < 4096):
-            raise PlanError(f"plan: records_max_bytes must be None or an integer >= 4096, "
-                            f"got {self.records_max_bytes!r}")
-        for name in ("lookup_min_chars", "lookup_min_chars_code"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PlanError(f"plan: {name} must be an integer >= 1, got {value!r}")
-        factor, prob = self.suffix_max_spec_factor, self.suffix_min_token_prob
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
-            raise PlanError(f"plan: suffix_max_spec_factor must be a number > 0, got {factor!r}")
-        if isinstance(prob, bool) or not isinstance(prob, int | float) or not 0 <= prob <= 1:
-            raise PlanError(f"plan: suffix_min_token_prob must be in [0, 1], got {prob!r}")
-        ext = self.suffix_extend_factor
-        if ext is not None and (isinstance(ext, bool) or not isinstance(ext, int | float) or ext <= 0):
-            raise PlanError(f"plan: suffix_extend_factor must be None or a number > 0, got {ext!r}")
-        if self.budget_rule not in ("rate", "value"):
-            raise PlanError(f"plan: budget_rule must be 'rate' or 'value', got {self.budget_rule!r}")
-        if self.boundary not in ("wall", "price"):
-            raise PlanError(f"plan: boundary must be 'wall' or 'price', got {self.boundary!r}")
-        if not self.formats:
-            raise PlanError("plan: formats must name at least one agent format")
+    def __init__(self, **data: Any):
         try:
-            self.agent_formats()
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise PlanError(_describe(exc, "plan")) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise PlanError(_describe(exc, "plan")) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lab_fields(cls, data: Any) -> Any:
+        """Plan files written before the lab switches moved out carry them at their defaults: dropped.
+        A value other than the default is an ablation, which a plan no longer holds."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        for name, default in LAB_FIELDS.items():
+            if name in data:
+                value = data.pop(name)
+                if value != default or type(value) is not type(default):
+                    raise ValueError(f"{name}={value!r} is a lab switch (drafting.lab.LabSwitches, "
+                                     "passed by the bench), not a plan setting")
+        return data
+
+    @field_validator("formats", mode="before")
+    @classmethod
+    def _format_dicts(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [f.to_dict() if isinstance(f, AgentFormat) else get_format(f).to_dict()
+                    if isinstance(f, str) else dict(f) if isinstance(f, Mapping) else f for f in value]
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_dicts(cls, value: Any) -> Any:
+        if isinstance(value, ToolRegistry):
+            return value.openai_tools()
+        if isinstance(value, list | tuple):
+            return [dict(t) if isinstance(t, Mapping) else t for t in value]
+        return value
+
+    @field_validator("prior_acceptance")
+    @classmethod
+    def _probabilities(cls, value: dict[str, float]) -> dict[str, float]:
+        for law_class, alpha in value.items():
+            if not 0.0 <= alpha <= 1.0:
+                raise ValueError(f"prior_acceptance[{law_class!r}] must be in [0, 1], got {alpha!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _objects(self) -> DraftPlan:
+        """The formats and tools build, and every `kinds` key is a segment kind of the formats."""
+        try:
+            formats = self.agent_formats()
             self.registry()
         except AgentSpecError as exc:
-            raise PlanError(f"plan: {exc}") from exc
+            raise ValueError(str(exc)) from None
+        known = segment_kinds(formats)
+        for key in self.kinds:
+            if key != ALL_KINDS and key not in known:
+                raise ValueError(f"kinds.{key}: no segment kind of the plan's formats is named {key!r}; "
+                                 f"known: {[ALL_KINDS, *known]}")
+        return self
 
     # -- derived objects ----------------------------------------------------------------------
 
@@ -162,20 +179,48 @@ class DraftPlan:
     def effective_step_budget(self) -> int | None:
         return self.step_budget
 
+    def kind_rules(self) -> dict[str, KindRule]:
+        """Every segment kind of the plan's formats -> its resolved rule (policy and knobs)."""
+        out: dict[str, KindRule] = {}
+        for fmt in self.agent_formats():
+            for kind in fmt.kinds:
+                if kind.name not in out:
+                    out[kind.name] = self.kind_rule(kind.name, kind.content == "code")
+        return out
+
+    def kind_rule(self, kind: str, code: bool = False) -> KindRule:
+        """Segment kind `kind`'s rule: its policy (or "*"'s) with each knob it leaves None the plan's
+        (`code`: a kind of content "code", whose lookups take `lookup_min_chars_code`)."""
+        pol = self.kinds.get(kind) or self.kinds.get(ALL_KINDS) or KindPolicy()
+        min_chars = self.lookup_min_chars_code if code else self.lookup_min_chars
+        extend = self.suffix_extend_factor if pol.extend_factor is None else pol.extend_factor
+        return KindRule(policy=pol.policy, boundary=pol.boundary or self.boundary,
+                        lookup_min_chars=pol.lookup_min_chars or min_chars, extend_factor=extend or None,
+                        tree_spec_factor=pol.tree_spec_factor or self.suffix_max_spec_factor,
+                        tree_min_token_prob=(self.suffix_min_token_prob if pol.tree_min_token_prob is None
+                                             else pol.tree_min_token_prob))
+
     # -- file ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = self.model_dump(mode="json")
+        data["kinds"] = {k: v.model_dump(exclude_defaults=True) for k, v in self.kinds.items()}
+        return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DraftPlan:
+    def from_dict(cls, data: Mapping[str, Any], source: str = "plan") -> DraftPlan:
+        """`source`: what an error names (the file)."""
         if not isinstance(data, Mapping):
-            raise PlanError(f"plan must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+            raise PlanError(f"{source}: a plan must be a JSON object, got {type(data).__name__}")
+        unknown = set(data) - set(cls.model_fields) - set(LAB_FIELDS)
         if unknown:
-            raise PlanError(f"plan: unknown fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**dict(data))
+            raise PlanError(f"{source}: unknown fields {sorted(unknown)}; known: {sorted(cls.model_fields)}")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise PlanError(_describe(exc, source)) from None
+        except PlanError as exc:
+            raise PlanError(str(exc).replace("plan: ", f"{source}: ", 1)) from None
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (a reader never sees half a file) and bump `version`."""
@@ -197,7 +242,7 @@ class DraftPlan:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PlanError(f"plan file {path} is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(data, source=str(path))
 
     @classmethod
     def from_env(cls) -> DraftPlan:
@@ -205,6 +250,28 @@ class DraftPlan:
         if not path:
             raise PlanError(f"environment variable {PLAN_ENV} is not set (it names the draft plan file)")
         return cls.load(path)
+
+
+def segment_kinds(formats: Iterable[AgentFormat | str | Mapping]) -> list[str]:
+    """The segment kind names of the given formats (each once, in the formats' order): the keys a
+    plan's `kinds` may use besides "*"."""
+    out: list[str] = []
+    for f in formats:
+        fmt = (f if isinstance(f, AgentFormat) else get_format(f) if isinstance(f, str)
+               else AgentFormat.from_dict(f))
+        out += [name for name in fmt.kind_names if name not in out]
+    return out
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    """One line per error: "<source>: <key path>: <message>"."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {loc}: {msg}" if loc and not msg.startswith(f"{loc}:")
+                     else f"{source}: {msg}")
+    return "; ".join(lines)
 
 
 class PlanWatcher:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentspec_sdk.drafting.budget import TokenRate, allocate, fixed, row_prices, sent_value
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.records import CALIBRATED_SOURCES, Accounting
 from agentspec_sdk.drafting.rows import Candidate
@@ -22,11 +23,12 @@ _DEPTH_BUCKET = (0, 1, 2, 2)  # law.OnlineCalibration.depth below 4
 
 
 class Estimates:
-    """Per-token acceptance estimates of candidates under a plan (`calibrate`) and draft length
-    `gamma`, from the acceptance and calibration the accounting learns."""
+    """Per-token acceptance estimates of candidates under a plan, the lab switches (`calibrate`) and
+    draft length `gamma`, from the acceptance and calibration the accounting learns."""
 
-    def __init__(self, plan: DraftPlan, gamma: int, accounting: Accounting):
+    def __init__(self, plan: DraftPlan, gamma: int, accounting: Accounting, lab: LabSwitches | None = None):
         self.plan, self.gamma, self.accounting = plan, gamma, accounting
+        self.lab = lab or LabSwitches()
 
     def worth(self, cand: Candidate, price: float) -> float:
         """What a candidate is worth at a row's price: `budget.sent_value` (only the tokens the
@@ -40,11 +42,11 @@ class Estimates:
     def confidences(self, cand: Candidate) -> list[float]:
         """Per token, its acceptance given the ones before: `estimates`, those of `CALIBRATED_SOURCES`
         times the factor learned for their class, kind, source and depth in their source's run
-        (`law.OnlineCalibration`; plan `calibrate`)."""
+        (`law.OnlineCalibration`; lab switch `calibrate`)."""
         if cand.priced is not None:  # a row's candidates are weighed and sized several times a step
             return cand.priced
         raw = self.estimates(cand)
-        if not self.plan.calibrate:
+        if not self.lab.calibrate:
             return raw
         cal, out, factors = self.accounting.calibration, [], {}
         prev, depth = None, 0
@@ -80,10 +82,10 @@ class Estimates:
         is not is sent empty (`budget.allocate`), so where a lookup would begin the draft it is not
         tokenized (in free text a lookup's first token was accepted 4–5% of the time:
         docs/drafting.md, "Calibrated draft estimates"). Without the budget every draft is sent."""
-        if not self.plan.budget:
+        if not self.lab.budget:
             return True
         alpha = self.accounting.acceptance.alpha(law_class, "lookup", kind.name)
-        if self.plan.calibrate:
+        if self.lab.calibrate:
             alpha = min(alpha * self.accounting.calibration.factor(law_class, kind.name, "lookup", 0), 1.0)
         return alpha >= price
 
@@ -95,7 +97,7 @@ class Sizer:
 
     def __init__(self, plan: DraftPlan, gamma: int, estimates: Estimates, cost: OnlineStepCost,
                  rate: TokenRate):
-        self.plan, self.gamma, self.estimates = plan, gamma, estimates
+        self.plan, self.gamma, self.estimates, self.lab = plan, gamma, estimates, estimates.lab
         self.cost, self.rate = cost, rate
         self.step_budget = plan.effective_step_budget()
         # this step's mean row context (tokens, every row of the pass): where the prior delta holds
@@ -130,18 +132,18 @@ class Sizer:
                 conf = self.estimates.confidences(c)
                 alphas[i, : len(conf)] = conf
         price = self.prices(len(candidates), contexts)
-        if self.plan.budget:
+        if self.lab.budget:
             sizes = allocate(alphas, price, self.step_budget, self.gamma, lengths)
         else:
-            sizes = fixed(alphas[:, 0], price, self.gamma, lengths, gate=self.plan.gate)
+            sizes = fixed(alphas[:, 0], price, self.gamma, lengths, gate=self.lab.gate)
         scale = self._rate()
         self.rate.observe(len(candidates), accepted, float(np.dot(price / scale, sizes)))
         return [c.tokens[: int(k)] if c and k else [] for c, k in zip(candidates, sizes, strict=True)]
 
     def _rate(self) -> float:
         """What the budget multiplies each token's price by: the run's tokens per unit of pass cost
-        (`budget.TokenRate`) under budget_rule "rate", 1 under "value"."""
-        return self.rate.value() if self.plan.budget_rule == "rate" else 1.0
+        (`budget.TokenRate`) under the lab's budget_rule "rate", 1 under "value"."""
+        return self.rate.value() if self.lab.budget_rule == "rate" else 1.0
 
     def prices(self, rows: int, contexts=None) -> np.ndarray:
         """The price of one draft token per row of a step of `rows` rows, each row by its context

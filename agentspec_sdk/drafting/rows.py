@@ -89,15 +89,16 @@ class RowState:
                  "last_turn")
 
     def __init__(self, drafter: RowContext, ids: np.ndarray, prev: RowState | None = None,
-                 hashes: np.ndarray | None = None):
-        """`hashes`: `fingerprint.prefix_hashes(ids)` where the caller has them."""
+                 hashes: np.ndarray | None = None, response: int = 0):
+        """`hashes`: `fingerprint.prefix_hashes(ids)` where the caller has them; `response`: the
+        last tokens of `ids` the trees take as the row's response (`SuffixTrees.start`)."""
         ids = np.asarray(ids, dtype=np.int64)
         self.tail = ids[-TAIL:].copy()
         self.n = len(ids)
         self.trees = drafter.trees
         self.hash = RollingHash.of(ids) if hashes is None else RollingHash.at(int(hashes[-1]), len(ids))
-        if prev is None or not self._continue(drafter, ids, prev):
-            self._build(drafter, ids)
+        if prev is None or not self._continue(drafter, ids, prev, response):
+            self._build(drafter, ids, response)
         self.seg = Segmenter(self.fmt)
         self._feed(self.text.slice(self.turn_char))
         self.call: CallMatcher | None = None
@@ -107,8 +108,8 @@ class RowState:
         # (choice key, the tree was chosen, the passed-over candidate's tokens as the budget would send them)
         self.contest: tuple | None = None
 
-    def _build(self, drafter: RowContext, ids: np.ndarray) -> None:
-        self.tree_key = self.trees.start(ids) if self.trees is not None else -1
+    def _build(self, drafter: RowContext, ids: np.ndarray, response: int = 0) -> None:
+        self.tree_key = self.trees.start(ids, response) if self.trees is not None else -1
         self.text = HistoryText(drafter.token_bytes)
         self.text.extend(ids.tolist())
         full = self.text.text
@@ -117,7 +118,7 @@ class RowState:
         self.fmt = drafter.pick_format(full[: self.turn_char])
         self._index_turns(drafter, full[: self.turn_char], 0, {})
 
-    def _continue(self, drafter: RowContext, ids: np.ndarray, prev: RowState) -> bool:
+    def _continue(self, drafter: RowContext, ids: np.ndarray, prev: RowState, response: int = 0) -> bool:
         """Take `prev`'s state over (its history is `ids[:prev.n]`); False, with `prev` forgotten,
         where the new turn does not follow `prev`'s as a new row would see it (another format, no
         turn marker after `prev`'s turn): the caller builds the row anew."""
@@ -135,8 +136,8 @@ class RowState:
         self.fmt = fmt
         self.tree_key = -1
         if self.trees is not None:
-            key = self.trees.adopt(prev.tree_key, ids[prev.n:])
-            self.tree_key = key if key is not None else self.trees.start(ids)
+            key = self.trees.adopt(prev.tree_key, ids[prev.n:], response)
+            self.tree_key = key if key is not None else self.trees.start(ids, response)
             if key is None:
                 prev.forget()
         self.prompt_text = CorpusIndex.extending(prev.prompt_text, prompt)
@@ -335,14 +336,14 @@ class RowTracker:
                 self.parked.park(old[j])
         return out, dropped
 
-    def new_row(self, ids: np.ndarray) -> RowState:
+    def new_row(self, ids: np.ndarray, response: int = 0) -> RowState:
         """A row not followed: it continues a parked row (its episode's previous turn) or is built
-        from its history."""
+        from its history (`response`: see `RowState`)."""
         ids = np.asarray(ids, dtype=np.int64)
         hashes = prefix_hashes(ids)
         prev = self.parked.take(ids, hashes)
         self.continued += prev is not None
-        return RowState(self.context, ids, prev, hashes)
+        return RowState(self.context, ids, prev, hashes, response)
 
 
 def turn_spans(prompt: str, turn_start: str, turn_end: str) -> list[tuple[int, str]]:

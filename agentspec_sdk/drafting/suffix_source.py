@@ -60,19 +60,26 @@ class SuffixTrees:
         self.extend_factor = extend_factor
         self._ids = itertools.count()
 
-    def start(self, history: np.ndarray) -> int:
-        """A new tracked row: its history so far is its "prompt"; returns its key."""
+    def start(self, history: np.ndarray, response: int = 0) -> int:
+        """A new tracked row: its history so far is its "prompt", but for its last `response` tokens,
+        which enter as its response (in the global tree too), as vLLM's proposer adds a request's
+        tokens sampled at its first step; returns its key."""
         key = next(self._ids)
-        self.cache.start_request(key, np.ascontiguousarray(history, dtype=np.int32))
+        history = np.ascontiguousarray(history, dtype=np.int32)
+        split = len(history) - min(response, len(history))
+        self.cache.start_request(key, history[:split])
+        if split < len(history):
+            self.cache.add_active_response(key, history[split:])
         return key
 
-    def adopt(self, key: int, new_tokens) -> int | None:
+    def adopt(self, key: int, new_tokens, response: int = 0) -> int | None:
         """A new tracked row that continues row `key` (its history is `key`'s history followed by
         `new_tokens`: an agent's next turn resends the previous turn's prompt and output): `key`'s
         prompt tree, extended by `new_tokens`, becomes the new row's, as `stop(key)` then
         `start(history)` would leave the cache, without building a tree over the whole history.
-        Returns the new key, or None where the cache is not laid out as arctic-inference 0.3's
-        (nothing changed then)."""
+        The last `response` of `new_tokens` enter as the new row's response (`start`). Returns the
+        new key, or None where the cache is not laid out as arctic-inference 0.3's (nothing changed
+        then)."""
         cache = self.cache
         local = getattr(cache, "_local_trees", None)
         allocate = getattr(cache, "_generate_seq_id", None)
@@ -80,11 +87,15 @@ class SuffixTrees:
             return None
         new_key = next(self._ids)
         tree = local.pop(key)  # `key` stopped: its response stays in the global tree
-        if len(new_tokens):
-            tree.extend_ndarray(0, np.ascontiguousarray(new_tokens, dtype=np.int32))
+        new_tokens = np.ascontiguousarray(new_tokens, dtype=np.int32)
+        split = len(new_tokens) - min(response, len(new_tokens))
+        if split:
+            tree.extend_ndarray(0, new_tokens[:split])
         local[new_key] = tree
         if cache._max_cached_requests != 0:
             allocate(new_key)  # the new row's response gets its own sequence in the global tree
+        if split < len(new_tokens):
+            cache.add_active_response(new_key, new_tokens[split:])
         return new_key
 
     def extend(self, key: int, new_tokens) -> None:
@@ -103,21 +114,25 @@ class SuffixTrees:
         elif key in self.cache.active_requests:
             self.cache.stop_request(key)
 
-    def speculate(self, key: int, history: np.ndarray, max_tokens: int) -> tuple[list[int], list[float]]:
+    def speculate(self, key: int, history: np.ndarray, max_tokens: int, spec_factor: float | None = None,
+                  min_token_prob: float | None = None) -> tuple[list[int], list[float]]:
         """(tokens, conditional confidence of each token given the ones before it). The tree gives the
-        probability of the whole path up to each token; the ratio of consecutive ones is the token's own."""
+        probability of the whole path up to each token; the ratio of consecutive ones is the token's own.
+        `spec_factor` / `min_token_prob`: a segment kind's knobs (None: the trees' own)."""
         if max_tokens <= 0 or key not in self.cache.active_requests:
             return [], []
         context = np.ascontiguousarray(history[-self.depth:], dtype=np.int32)
         draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens,
-                                     max_spec_factor=self.max_spec_factor,
-                                     min_token_prob=self.min_token_prob)
+                                     max_spec_factor=spec_factor or self.max_spec_factor,
+                                     min_token_prob=(self.min_token_prob if min_token_prob is None
+                                                     else min_token_prob))
         return _tokens_and_confidences(draft)
 
-    def extension(self, key: int, history: np.ndarray, max_tokens: int,
-                  base: list[int]) -> tuple[list[int], list[float]]:
-        """The tokens a draft at `extend_factor` holds past `base` (this row's draft at
-        `max_spec_factor`), with their conditional confidences; nothing when the longer draft does not
+    def extension(self, key: int, history: np.ndarray, max_tokens: int, base: list[int],
+                  extend_factor: float | None = None, spec_factor: float | None = None,
+                  min_token_prob: float | None = None) -> tuple[list[int], list[float]]:
+        """The tokens a draft at `extend_factor` holds past `base` (this row's draft at `spec_factor`,
+        None: `max_spec_factor`), with their conditional confidences; nothing when the longer draft does not
         begin with `base` (the cache then preferred another match: suffix's own draft stands) or when
         no extension is set.
 
@@ -125,17 +140,19 @@ class SuffixTrees:
         gains on some traffic (ReAct at γ 16) and loses on other (code at b 1): its tokens past what
         factor 1 allows are sent either way. Here they are a source of their own ("extend"), priced
         per row like every other source, so they go only where their learned acceptance pays."""
-        factor = self.extend_factor
-        if not factor or factor <= self.max_spec_factor or len(base) >= max_tokens \
+        factor = self.extend_factor if extend_factor is None else extend_factor  # 0: none
+        spec_factor = spec_factor or self.max_spec_factor
+        prob = self.min_token_prob if min_token_prob is None else min_token_prob
+        if not factor or factor <= spec_factor or len(base) >= max_tokens \
                 or key not in self.cache.active_requests:
             return [], []
-        if not base and self.max_spec_factor >= 1:
+        if not base and spec_factor >= 1:
             # no draft at a factor ≥ 1: neither tree matched a token, or neither's next token is
             # likely enough; a longer factor changes neither
             return [], []
         context = np.ascontiguousarray(history[-self.depth:], dtype=np.int32)
         draft = self.cache.speculate(key, context, max_spec_tokens=max_tokens, max_spec_factor=factor,
-                                     min_token_prob=self.min_token_prob)
+                                     min_token_prob=prob)
         tokens, conf = _tokens_and_confidences(draft)
         n = len(base)
         if len(tokens) <= n or tokens[:n] != list(base):

@@ -19,8 +19,8 @@ UNCLASSIFIED = "unclassified"
 
 
 SPECULATIVE = ("ngram", "suffix", "suffix-tuned", "structure", "structure-no-budget",
-               "structure-no-isolation", "structure-rate-rule", "structure-uncalibrated", "draft_model",
-               "draft_model+cut", "structure+draft_model")
+               "structure-no-isolation", "structure-rate-rule", "structure-uncalibrated",
+               "structure-no-suffix", "draft_model", "draft_model+cut", "structure+draft_model")
 
 
 def _div(a: float, b: float) -> float | None:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from agentspec_sdk import bfcl
+from agentspec_sdk.drafting.lab import ABLATIONS
 from agentspec_sdk.errors import TraceError
 from agentspec_sdk.replay.trace import Episode, Turn, bundled_traces, check_formats, load_traces
 from agentspec_sdk.structure.formats import AgentFormat, LawClass, SegmentKind, register_format
@@ -38,14 +39,13 @@ MODES = {
     # suffix with its two knobs tuned (SUFFIX_TUNED, or the plan's own pair): a stock peer like suffix
     "suffix-tuned": {"speculation": "suffix"},
     "structure": {"speculation": "structure"},
-    "structure-no-budget": {"speculation": "structure", "ablation": "no_budget"},
-    "structure-no-isolation": {"speculation": "structure", "ablation": "no_isolation"},
-    # the budget's "rate" rule: each token at its price times the run's tokens per unit of pass cost
-    # (drafting.budget.TokenRate); not the default: it loses ReAct offline and in the engine
-    # (docs/experiments/2026-12-04-decode-time-and-budget-rule.md)
-    "structure-rate-rule": {"speculation": "structure", "ablation": "rate_rule"},
-    # the drafter's estimates as the trees and the learned acceptance give them (plan calibrate false)
-    "structure-uncalibrated": {"speculation": "structure", "ablation": "uncalibrated"},
+    # ablations: the structure drafter with one part off (drafting.lab.ABLATIONS, passed as the
+    # engine's lab switches; docs/drafting.md, "Lab switches")
+    "structure-no-budget": {"speculation": "structure", "lab": ABLATIONS["no_budget"]},
+    "structure-no-isolation": {"speculation": "structure", "lab": ABLATIONS["no_isolation"]},
+    "structure-rate-rule": {"speculation": "structure", "lab": ABLATIONS["rate_rule"]},
+    "structure-uncalibrated": {"speculation": "structure", "lab": ABLATIONS["uncalibrated"]},
+    "structure-no-suffix": {"speculation": "structure", "lab": ABLATIONS["no_suffix"]},
     # vLLM's draft_model method with the layer-truncated draft (`agentspec draft make`, made on first
     # use): alone, cut at segment ends (the ablation of mechanism 1), and the full hybrid
     "draft_model": {"speculation": "draft_model"},

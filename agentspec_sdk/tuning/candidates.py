@@ -76,37 +76,45 @@ def priced(delta: float, batch: int) -> dict:
 
 
 class StructureCall:
-    """The structure drafter as simulate calls it; `classes[k]`: the law class of row k's last draft;
-    `row_kinds[k]`: the segment kind row k was in when drafted (the drafter's `last_kinds`); with
-    `explain`, `notes[k]`: what the drafter weighed for row k in the last step."""
+    """The structure drafter as simulate calls it; `classes[k]` / `kinds[k]`: the law class of row k's
+    last draft / the segment kind row k was in (drafter.last_kinds); with `explain`, `notes[k]`: what
+    the drafter weighed for row k in the last step.
 
-    def __init__(self, drafter, explain: bool = False):
-        self.drafter, self.classes, self.notes, self.row_kinds = drafter, [], [], None
+    `finished_first`: the rows that finished in the previous step are handed over before the active
+    ones (simulate's `first`), as the keyed SuffixDrafter learns them (`retire`) before its next
+    step: the order under which a "trees" policy drafts what SuffixDrafter drafts."""
+
+    def __init__(self, drafter, explain: bool = False, finished_first: bool = False):
+        self.drafter, self.classes, self.kinds, self.notes = drafter, [], [], []
+        self.finished_first = finished_first
         if explain:
             drafter.explain = []
 
-    def __call__(self, histories) -> list[list[int]]:
-        drafts = self.drafter.propose([RowInput(h) for h in histories])
+    def __call__(self, histories, first: int = 0) -> list[list[int]]:
+        """Drafts for `histories[first:]` (the rows before `first` are only learned from)."""
+        drafts = self.drafter.propose([RowInput(h) for h in histories])[first:]
         if self.drafter.explain is not None:
-            self.notes = self.drafter.explain.pop() if self.drafter.explain else [{} for _ in histories]
+            self.notes = (self.drafter.explain.pop()[first:] if self.drafter.explain
+                          else [{} for _ in drafts])
             self.drafter.explain.clear()
-        pending = [self.drafter.pending_draft(k) if d else None for k, d in enumerate(drafts)]
+        pending = [self.drafter.pending_draft(first + k) if d else None for k, d in enumerate(drafts)]
         self.classes = [p.law_class if p is not None else None for p in pending]
-        self.row_kinds = list(self.drafter.last_kinds)
+        self.kinds = self.drafter.last_kinds[first:]
         return drafts
 
 
-def structure_drafter(gamma: int, tokenizer, plan_fields: dict, explain: bool = False,
-                      lab=None) -> StructureCall:
+def structure_drafter(gamma: int, tokenizer, plan_fields: dict, explain: bool = False, lab=None,
+                      finished_first: bool = False) -> StructureCall:
     """The product's structure drafter over a plan of `plan_fields` (formats, tools, tokenizer, kinds,
-    prices ...), at most `gamma` tokens a draft; `lab`: the bench's ablation switches."""
+    prices ...), at most `gamma` tokens a draft; `lab`: the bench's ablation switches
+    (drafting.lab.LabSwitches); `finished_first`: see StructureCall."""
     from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.plan import DraftPlan
 
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(**{**plan_fields, "gamma_max": gamma, "learn_delta": False})
-    drafter = StructureDrafter(plan, tokenizer) if lab is None else StructureDrafter(plan, tokenizer, lab=lab)
-    return StructureCall(drafter, explain=explain)
+    return StructureCall(StructureDrafter(plan, tokenizer, lab=lab), explain=explain,
+                         finished_first=finished_first)
 
 
 def build_drafter(candidate: Candidate, gamma: int, tokenizer, plan_fields: dict):
@@ -116,4 +124,5 @@ def build_drafter(candidate: Candidate, gamma: int, tokenizer, plan_fields: dict
     if candidate.family == "suffix":
         return SuffixDrafter(gamma, **candidate.knobs)
     kinds = {kind: dict(policy) for kind, policy in candidate.kinds.items()}
-    return structure_drafter(gamma, tokenizer, {**plan_fields, "kinds": kinds})
+    # finished rows first: a kind under "trees" then drafts exactly what vLLM's suffix proposer drafts
+    return structure_drafter(gamma, tokenizer, {**plan_fields, "kinds": kinds}, finished_first=True)

@@ -74,8 +74,10 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
     the next turn only after that), so that no turn runs beside its own episode's earlier turns.
 
     Per pass the draft is attributed to the law class (`turn["classes"]`) and the segment kind of the
-    token it began at: the kind the first drafter reports for the row (`row_kinds`, the structure
-    drafter's own segmentation), else `turn["kinds"]`. `records`: a list that gets one
+    token it began at: the kind the first drafter reports for the row (`kinds`, the structure
+    drafter's own segmentation), else `turn["kinds"]`. A drafter with `finished_first` is handed the
+    rows that finished in the previous step before the active ones (`d(histories, first=n)` drafts
+    for `histories[n:]`). `records`: a list that gets one
     (law class, kind, drafted, accepted) per pass."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -133,6 +135,8 @@ class _Replay:
             if getattr(d, "keyed", False):
                 per.append(d([(i, len(turns[i]["prompt"]), histories[i], turns[i]["out"][self.told[i]:pos[i]])
                               for i in active]))
+            elif getattr(d, "finished_first", False):  # drafts for the active rows only
+                per.append(d([histories[i] for i in self.finishing + active], first=len(self.finishing)))
             else:
                 per.append(d([histories[i] for i in called])[:len(active)])
         for i in active:
@@ -141,7 +145,7 @@ class _Replay:
         return [list(o) for o in zip(*per, strict=True)]
 
     def _kind(self, k: int, turn: dict, start: int) -> str | None:
-        row_kinds = getattr(self.drafters[0], "row_kinds", None)
+        row_kinds = getattr(self.drafters[0], "kinds", None)
         if row_kinds is not None and k < len(row_kinds) and row_kinds[k] is not None:
             return row_kinds[k]
         return turn["kinds"][start] if "kinds" in turn else None

@@ -32,7 +32,7 @@ from agentspec_sdk.backends.embedded.scheduler_probe import SchedulerProbe
 from agentspec_sdk.backends.embedded.stock_observer import StockDraftObserver
 from agentspec_sdk.backends.embedded.turn_sampling import TurnSampling
 from agentspec_sdk.backends.embedded.vllm_start import start_llm
-from agentspec_sdk.backends.engine_config import ABLATION_PLAN, MODEL_DRAFTERS, STOCK, EngineConfig
+from agentspec_sdk.backends.engine_config import MODEL_DRAFTERS, STOCK, EngineConfig
 from agentspec_sdk.backends.inside_vllm.vllm_hybrid import LAYER_ATTR, require_layer
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.prompts import prompt_text
@@ -86,7 +86,7 @@ class Engine(EngineBase):
         if model is not None:
             settings["model"] = model
         cfg = self.config = EngineConfig.of(config, **settings)
-        speculation, gamma_max, ablation = cfg.speculation, cfg.gamma_max, cfg.ablation
+        speculation, gamma_max = cfg.speculation, cfg.gamma_max
         self.speculation = speculation
         self.gamma_max = gamma_max
         self.model = resolve_model(cfg.model)
@@ -105,14 +105,15 @@ class Engine(EngineBase):
         self.records_path = self._work / "records.jsonl"
         self.plan = DraftPlan(formats=list(self.formats.values()), tools=self.registry.openai_tools(),
                               tokenizer=self.model, gamma_max=gamma_max, step_budget=cfg.step_budget,
-                              records_path=str(self.records_path),
-                              **{**ABLATION_PLAN[ablation], **(cfg.law or {})})
+                              records_path=str(self.records_path), **(cfg.law or {}))
         self.plan.save(self.plan_path)
+        # the bench's ablation switches reach the proposer in a file of their own, never in the plan
+        lab_path = cfg.lab.save(self._work / "lab.json") if cfg.lab is not None else None
         self.records_path.touch()
         self._tail = RecordsTail(self.records_path)
         self._labels = TokenClassifier(self.tokenizer)
         self._sampling = TurnSampling()
-        self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path)
+        self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path, lab_path)
         self._engine = self._llm.llm_engine
         require_layer(self)  # model drafter modes: our layer must be on vLLM's runner
         # vLLM's own drafters are watched (not changed) so their drafts settle per class like ours.

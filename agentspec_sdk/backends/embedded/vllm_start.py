@@ -16,6 +16,7 @@ from agentspec_sdk.backends.engine_config import (
 from agentspec_sdk.backends.inside_vllm.vllm_grammar import EXACT_MASKS_ENV, patch_guidance, patch_slices
 from agentspec_sdk.backends.inside_vllm.vllm_hybrid import MODE_ENV, check_layout, register
 from agentspec_sdk.backends.model_bundle import resolve_model
+from agentspec_sdk.drafting.lab import LAB_ENV
 from agentspec_sdk.drafting.plan import PLAN_ENV
 
 __all__ = ["engine_speculative_config", "start_llm", "default_dtype", "default_block_size"]
@@ -30,9 +31,11 @@ def engine_speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, An
                               suffix_min_token_prob=cfg.suffix_min_token_prob, draft_model=draft)
 
 
-def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int, plan_path: Path):
-    """`vllm.LLM` with the engine's settings; the plan path is in AGENTSPEC_PLAN while vLLM starts
-    (its proposer reads it then), and the variable is restored afterwards."""
+def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int, plan_path: Path,
+              lab_path: Path | None = None):
+    """`vllm.LLM` with the engine's settings; the plan path is in AGENTSPEC_PLAN and the lab switches'
+    path (`lab_path`, the bench's; None: unset) in AGENTSPEC_LAB while vLLM starts (its proposer reads
+    them then), and the variables are restored afterwards."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.kv_cache_gb:g}")
     # vLLM 0.32's AOT compile cache fails to reload on CPU; the inductor cache reloads (≈35 s start).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
@@ -48,9 +51,13 @@ def start_llm(cfg: EngineConfig, model: str, max_model_len: int, gamma_max: int,
     block = cfg.block_size or default_block_size()
     extra = {"block_size": block} if block else {}
     # restored after the start: they matter only while vLLM builds its engine (in this process)
-    previous = {k: os.environ.get(k) for k in (PLAN_ENV, MODE_ENV, "VLLM_USE_V2_MODEL_RUNNER")}
+    previous = {k: os.environ.get(k) for k in (PLAN_ENV, LAB_ENV, MODE_ENV, "VLLM_USE_V2_MODEL_RUNNER")}
     extra.update(_model_drafter_setup(cfg))
     os.environ[PLAN_ENV] = str(plan_path)
+    if lab_path is not None:
+        os.environ[LAB_ENV] = str(lab_path)
+    else:
+        os.environ.pop(LAB_ENV, None)
     if cfg.speculation in MODEL_DRAFTERS:
         os.environ[MODE_ENV] = MODEL_DRAFTERS[cfg.speculation]
     else:

@@ -28,6 +28,7 @@ from pathlib import Path
 from agentspec_sdk.backends.inside_vllm.prom_metrics import proposer_metrics
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.hybrid import HybridDrafter
+from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import PLAN_ENV, DraftPlan
 from agentspec_sdk.drafting.rows import RowInput
 
@@ -46,8 +47,10 @@ class AgentSpecProposer:
         plan = DraftPlan.from_env()  # PlanError names the variable / file when missing
         tokenizer = _load_tokenizer(plan.tokenizer or vllm_config.model_config.tokenizer)
         self.model_mode = model_mode
-        self.drafter = (HybridDrafter(plan, tokenizer, mode=model_mode, plan_path=plan_path) if model_mode
-                        else StructureDrafter(plan, tokenizer, plan_path=plan_path))
+        # the bench's ablation switches, where its engine wrote them (drafting.lab); else none
+        options = {"max_model_len": self.max_model_len, "lab": LabSwitches.from_env()}
+        self.drafter = (HybridDrafter(plan, tokenizer, mode=model_mode, plan_path=plan_path, **options)
+                        if model_mode else StructureDrafter(plan, tokenizer, plan_path=plan_path, **options))
         self.replaced: list[bool] = []  # model_mode: per row of the last step, draft not the model's
         self.model_seconds = 0.0  # model_mode: time in vLLM's draft model (measured by vllm_hybrid)
         self.model_steps = 0

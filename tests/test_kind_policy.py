@@ -1,0 +1,205 @@
+"""The draft plan's policy per segment kind (`DraftPlan.kinds`): "structure", "trees" (exactly vLLM's
+suffix proposer's draft) and "off"; its validation, naming the key; and the policies in real vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from agentspec_sdk.drafting.plan import DraftPlan, KindPolicy, segment_kinds
+from agentspec_sdk.errors import PlanError
+from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+
+DATA = Path(__file__).resolve().parent / "data"
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "offline_drafting.py"
+TURN_SETS = ("tool_calls_turns.json", "react_turns.json", "code_turns.json")
+GAMMA = 8
+
+
+@pytest.fixture(scope="module")
+def offline():
+    spec = importlib.util.spec_from_file_location("offline_drafting", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(name: str) -> dict:
+    data = json.loads((DATA / name).read_text())
+    return {"tools": data["tools"], "turns": [dict(t) for t in data["turns"]]}
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+
+
+def test_segment_kinds_lists_each_kind_of_the_formats_once():
+    kinds = segment_kinds([TOOL_CALLS, "react", CODE_AGENT.to_dict()])
+    assert kinds[:3] == list(TOOL_CALLS.kind_names)
+    assert set(kinds) == set(TOOL_CALLS.kind_names) | set(REACT.kind_names) | set(CODE_AGENT.kind_names)
+    assert len(kinds) == len(set(kinds))
+
+
+def test_kinds_round_trip_through_the_plan_file(tmp_path):
+    plan = DraftPlan(formats=[TOOL_CALLS, REACT], kinds={
+        "*": {"policy": "trees", "tree_spec_factor": 2.0},
+        "tool_call": KindPolicy(policy="structure", boundary="wall", lookup_min_chars=5, extend_factor=0)})
+    again = DraftPlan.load(plan.save(tmp_path / "plan.json"))
+    assert again == plan and again.version == 1
+    rules = again.kind_rules()
+    assert set(rules) == set(segment_kinds([TOOL_CALLS, REACT]))
+    call, thought = rules["tool_call"], rules["thought"]
+    assert (call.policy, call.boundary, call.lookup_min_chars) == ("structure", "wall", 5)
+    assert call.extend_factor is None
+    assert (call.tree_spec_factor, call.tree_min_token_prob) == (plan.suffix_max_spec_factor,
+                                                                plan.suffix_min_token_prob)
+    assert (thought.policy, thought.tree_spec_factor, thought.boundary) == ("trees", 2.0, plan.boundary)
+    assert DraftPlan().kind_rules()["tool_call"].policy == "structure"  # no kinds: structure everywhere
+
+
+def test_a_plan_file_written_before_kinds_and_lab_switches_still_loads(tmp_path):
+    """The fields an older engine wrote (the lab switches at their defaults among them, no `kinds`)."""
+    old = {"formats": [TOOL_CALLS.to_dict()], "tools": [], "tokenizer": None, "turn_start": None,
+           "gamma_max": 8, "step_budget": None, "kappa": 1.0, "delta": 0.04, "learn_delta": True, "d": 0.0,
+           "delta_ctx": 0.013, "ctx_ref": None, "prior_acceptance": {"S": 0.8, "R": 0.45, "F": 0.3},
+           "gate": True, "isolation": True, "budget": True, "budget_rule": "value", "boundary": "price",
+           "records_path": None, "records_max_bytes": None, "lookup_min_chars": 3, "lookup_min_chars_code": 6,
+           "suffix_trees": True, "suffix_max_spec_factor": 1.0, "suffix_min_token_prob": 0.1,
+           "suffix_extend_factor": 2.0, "learn_choice": True, "calibrate": True, "version": 4}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(old))
+    plan = DraftPlan.load(path)
+    assert plan.version == 4 and plan.kinds == {} and plan == DraftPlan(version=4)
+
+
+GE = "Input should be greater than or equal to"
+KIND_ERRORS = [
+    ({"tool_cal": {}},
+     r"kinds\.tool_cal: no segment kind .* named 'tool_cal'; known: \['\*', 'reasoning', 'tool_call', "
+     r"'tool_response'\]"),
+    ({"tool_call": {"policy": "suffix"}},
+     r"kinds\.tool_call\.policy: Input should be 'structure', 'trees' or 'off'"),
+    ({"*": {"boundary": "soft"}}, r"kinds\.\*\.boundary: Input should be 'wall' or 'price'"),
+    ({"reasoning": {"lookup_min_chars": 0}}, rf"kinds\.reasoning\.lookup_min_chars: {GE} 1"),
+    ({"reasoning": {"lookup_min_chars": 2.5}},
+     r"kinds\.reasoning\.lookup_min_chars: Input should be a valid int"),
+    ({"reasoning": {"extend_factor": -1}}, rf"kinds\.reasoning\.extend_factor: {GE} 0"),
+    ({"reasoning": {"tree_spec_factor": 0}},
+     r"kinds\.reasoning\.tree_spec_factor: Input should be greater than 0"),
+    ({"reasoning": {"tree_min_token_prob": 1.5}},
+     r"kinds\.reasoning\.tree_min_token_prob: Input should be less than or equal to 1"),
+    ({"reasoning": {"polcy": "off"}}, r"kinds\.reasoning\.polcy: Extra inputs are not permitted"),
+    ({"reasoning": "off"}, r"kinds\.reasoning: Input should be a valid dictionary or instance of KindPolicy"),
+    ([], r"kinds: Input should be a valid dictionary"),
+]
+
+
+@pytest.mark.parametrize(("kinds", "message"), KIND_ERRORS)
+def test_a_bad_kind_policy_names_the_file_and_the_key(tmp_path, kinds, message):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"formats": [TOOL_CALLS.to_dict()], "kinds": kinds}))
+    with pytest.raises(PlanError, match=f"^{path}: {message}"):
+        DraftPlan.load(path)
+    with pytest.raises(PlanError, match=f"^plan: {message}"):
+        DraftPlan(formats=[TOOL_CALLS], kinds=kinds)
+
+
+def test_a_plan_changed_into_a_bad_one_is_refused_and_keeps_its_value():
+    plan = DraftPlan()
+    with pytest.raises(PlanError, match=r"plan: gamma_max: Input should be less than or equal to 64"):
+        plan.gamma_max = 65
+    with pytest.raises(PlanError, match=r"kinds\.thought: no segment kind"):
+        plan.kinds = {"thought": KindPolicy(policy="off")}  # a ReAct kind; the plan has tool_calls only
+    assert plan.gamma_max == 8 and plan.kinds == {}
+
+
+# -- the drafter, offline on captured turns ---------------------------------------------------------
+
+
+def _compare(offline, data: dict, batch: int, kinds: dict) -> list[tuple[str | None, list[int], list[int]]]:
+    """Replay the turns through the structure drafter under `kinds` and vLLM's suffix proposer
+    (offline_drafting.SuffixDrafter) side by side, untrimmed: per step and row, (the segment kind the
+    row was in, the drafter's draft, suffix's draft). The replay goes on with suffix's drafts."""
+    structure = offline.structure_drafter(GAMMA, data["tools"], finished_first=True, kinds=kinds)
+    steps = []
+
+    def record(drafts, truth, key=None, index=0):
+        steps.append((structure.kinds[index], drafts[0], drafts[1]))
+        return 1
+
+    offline.simulate(data["turns"], (structure, offline.SuffixDrafter(GAMMA)), batch, choose=record,
+                     schedule="agents")
+    assert structure.drafter.stats()["errors"] == 0
+    return steps
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("name", TURN_SETS)
+def test_trees_everywhere_drafts_what_vllms_suffix_proposer_drafts(offline, name, batch):
+    """With every kind "trees" the drafter sends, step by step and row by row, exactly the draft vLLM
+    0.32's SuffixDecodingProposer (its replica) sends on the same histories: the rows' trees are fed
+    as vLLM feeds them (a new row's first sampled token is its response), an episode's next turn
+    that takes over its previous turn's tree (parking) holds what a new request's tree holds."""
+    steps = _compare(offline, _load(name), batch, {"*": {"policy": "trees"}})
+    differing = [(k, i, mine, theirs) for k, (i, mine, theirs) in enumerate(steps) if mine != theirs]
+    assert not differing, f"{len(differing)} of {len(steps)} drafts differ, first: {differing[:3]}"
+    assert sum(map(len, (s[2] for s in steps))) > 100  # suffix drafted: the comparison compared something
+    assert len({s[0] for s in steps}) > 1  # rows in several segment kinds
+
+
+def test_off_drafts_nothing_in_its_kind_and_a_mixed_plan_drafts_per_kind(offline):
+    data = _load("tool_calls_turns.json")
+    off = _compare(offline, data, 8, {"tool_call": {"policy": "off"}})
+    assert any(k == "tool_call" for k, _, _ in off)
+    assert all(not mine for k, mine, _ in off if k == "tool_call")
+    assert any(mine for k, mine, _ in off if k != "tool_call")  # the other kinds still draft
+    # tool calls by the trees, the rest by the structure drafter
+    mixed = _compare(offline, data, 8, {"tool_call": {"policy": "trees"}})
+    calls = [(mine, theirs) for k, mine, theirs in mixed if k == "tool_call"]
+    assert calls and all(mine == theirs for mine, theirs in calls)
+    rest = [(mine, theirs) for k, mine, theirs in mixed if k != "tool_call"]
+    assert any(mine for mine, _ in rest) and any(mine != theirs for mine, theirs in rest)
+
+
+# -- in real vLLM -----------------------------------------------------------------------------------
+
+
+def _drafted(drafter) -> int:
+    return sum(c["drafted"] for c in drafter.stats()["by_class"].values())
+
+
+@pytest.mark.engine
+def test_kind_policies_in_the_engine(engine_structure):
+    """The running engine's plan rewritten (the proposer re-reads it): "off" everywhere drafts nothing,
+    "trees" everywhere drafts, and the outputs are the same tokens (lossless)."""
+    from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.bfcl import tool_call_prompts
+
+    engine = engine_structure
+    drafter = engine.proposer().drafter
+    requests = [TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call", max_tokens=64,
+                            request_id=f"kinds-{p.id}") for p in tool_call_prompts(4)]
+    kept = dict(engine.plan.kinds)
+
+    def run(policy: str):
+        engine.plan.kinds = {"*": KindPolicy(policy=policy)}
+        engine.plan.save(engine.plan_path)
+        time.sleep(0.6)  # past the proposer's plan poll interval
+        before = _drafted(drafter)
+        results = engine.generate([TurnRequest(**{**r.__dict__, "request_id": f"{r.request_id}-{policy}"})
+                                   for r in requests])
+        assert drafter.plan.kinds == {"*": KindPolicy(policy=policy)}
+        return results, _drafted(drafter) - before
+
+    try:
+        off, off_drafted = run("off")
+        trees, trees_drafted = run("trees")
+    finally:
+        engine.plan.kinds = kept
+        engine.plan.save(engine.plan_path)
+    assert off_drafted == 0 and trees_drafted > 0
+    assert [r.token_ids for r in trees] == [r.token_ids for r in off]
+    assert drafter.stats()["errors"] == 0
