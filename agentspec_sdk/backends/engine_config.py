@@ -170,6 +170,8 @@ class EngineConfig:
     enforce_eager: bool = False
     block_size: int | None = None  # None: 32 on CPU, vLLM's default elsewhere
     work_dir: str | os.PathLike | None = None  # plan and records files (None: a fresh temp folder)
+    capture: str | os.PathLike | None = None  # every finished turn into this directory (docs/capture.md)
+    capture_sample: float = 1.0  # the share of agents (episodes) captured
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION:
@@ -188,6 +190,9 @@ class EngineConfig:
             raise BackendError(f"gamma_max must be an integer in [1, 64], got {self.gamma_max!r}")
         check_block_size(self.block_size)
         check_suffix_knobs(self.suffix_max_spec_factor, self.suffix_min_token_prob)
+        sample = self.capture_sample
+        if isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 <= sample <= 1:
+            raise BackendError(f"capture_sample must be a number in [0, 1], got {sample!r}")
         knobs = (self.suffix_max_spec_factor, self.suffix_min_token_prob)
         if self.speculation != "suffix" and knobs != (None, None):
             raise BackendError("suffix_max_spec_factor / suffix_min_token_prob apply to speculation='suffix' "

@@ -30,10 +30,11 @@ from agentspec_sdk.backends.embedded.engine_totals import EngineTotals
 from agentspec_sdk.backends.embedded.pass_log import PassLog
 from agentspec_sdk.backends.embedded.scheduler_probe import SchedulerProbe
 from agentspec_sdk.backends.embedded.stock_observer import StockDraftObserver
+from agentspec_sdk.backends.embedded.turn_capture import TurnCapture
 from agentspec_sdk.backends.embedded.turn_sampling import TurnSampling
-from agentspec_sdk.backends.embedded.vllm_start import start_llm
+from agentspec_sdk.backends.embedded.vllm_start import in_process_drafter, start_llm
 from agentspec_sdk.backends.engine_config import MODEL_DRAFTERS, STOCK, EngineConfig
-from agentspec_sdk.backends.inside_vllm.vllm_hybrid import LAYER_ATTR, require_layer
+from agentspec_sdk.backends.inside_vllm.vllm_hybrid import require_layer
 from agentspec_sdk.backends.model_bundle import context_length, resolve_model
 from agentspec_sdk.backends.prompts import prompt_text
 from agentspec_sdk.backends.stream_split import StreamSplitter
@@ -87,8 +88,7 @@ class Engine(EngineBase):
             settings["model"] = model
         cfg = self.config = EngineConfig.of(config, **settings)
         speculation, gamma_max = cfg.speculation, cfg.gamma_max
-        self.speculation = speculation
-        self.gamma_max = gamma_max
+        self.speculation, self.gamma_max = speculation, gamma_max
         self.model = resolve_model(cfg.model)
         # None: the model's own context length (config.json; SmolLM2-135M: 8192)
         self.max_model_len = cfg.max_model_len or context_length(self.model)
@@ -113,6 +113,7 @@ class Engine(EngineBase):
         self._tail = RecordsTail(self.records_path)
         self._labels = TokenClassifier(self.tokenizer)
         self._sampling = TurnSampling()
+        self._capture = TurnCapture.open(cfg, self.model, self.registry)  # None: nothing captured
         self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path, lab_path)
         self._engine = self._llm.llm_engine
         require_layer(self)  # model drafter modes: our layer must be on vLLM's runner
@@ -130,8 +131,7 @@ class Engine(EngineBase):
         self._dead: str | None = None
         self._idle_agents: dict[str, float] = {}
         self._totals = EngineTotals()
-        self._step_s = 0.0
-        self._steps = 0
+        self._step_s, self._steps = 0.0, 0
         self._passes = PassLog(no_spec=speculation == "off")
         self._thread = threading.Thread(target=self._run, name="agentspec-engine", daemon=True)
         self._thread.start()
@@ -168,11 +168,7 @@ class Engine(EngineBase):
         """Text deltas labelled with their segment kind and law class; the last event carries the result."""
         events: queue.Queue = queue.Queue()
         future = self._submit(req, events=events)
-        while True:
-            ev = events.get()
-            if ev is None:
-                break
-            yield ev
+        yield from iter(events.get, None)  # None: the turn ended
         result = future.result()
         yield StreamEvent("", "", "", result=result)
 
@@ -316,6 +312,8 @@ class Engine(EngineBase):
             timings={"e2e_s": now - live.t_submit, "queue_s": live.t_added - live.t_submit,
                      "prefill_s": t_first - live.t_added, "decode_s": now - t_first})
         self._totals.finished(len(token_ids), records, spec, acceptance)
+        if self._capture is not None:
+            self._capture.record(live.req, live.fmt, live.sampling, result)
         if live.events is not None:
             live.events.put(None)
         live.future.set_result(result)
@@ -360,12 +358,7 @@ class Engine(EngineBase):
     def proposer(self):
         """The in-process drafter (model drafters: our layer, backends.inside_vllm.vllm_hybrid); None out of
         process."""
-        try:
-            core = self._engine.engine_core.engine_core
-            runner = core.model_executor.driver_worker.worker.model_runner
-        except AttributeError:
-            return None
-        return getattr(runner, LAYER_ATTR if self.speculation in MODEL_DRAFTERS else "drafter", None)
+        return in_process_drafter(self._engine, self.speculation)
 
     def close(self) -> None:
         if self._closing:
@@ -382,7 +375,6 @@ class Engine(EngineBase):
         except Exception:  # shutting down twice or a half-started engine: nothing left to free
             pass
         self._llm = self._engine = None
-
 
 
 def prompt_token_ids(tokenizer, req: TurnRequest, fmt: AgentFormat, registry: ToolRegistry,

@@ -14,12 +14,13 @@ from agentspec_sdk.backends.engine_config import (
     speculative_config,
 )
 from agentspec_sdk.backends.inside_vllm.vllm_grammar import EXACT_MASKS_ENV, patch_guidance, patch_slices
-from agentspec_sdk.backends.inside_vllm.vllm_hybrid import MODE_ENV, check_layout, register
+from agentspec_sdk.backends.inside_vllm.vllm_hybrid import LAYER_ATTR, MODE_ENV, check_layout, register
 from agentspec_sdk.backends.model_bundle import resolve_model
 from agentspec_sdk.drafting.lab import LAB_ENV
 from agentspec_sdk.drafting.plan import PLAN_ENV
 
-__all__ = ["engine_speculative_config", "start_llm", "default_dtype", "default_block_size"]
+__all__ = ["engine_speculative_config", "start_llm", "default_dtype", "default_block_size",
+           "in_process_drafter"]
 
 
 def engine_speculative_config(cfg: EngineConfig, gamma_max: int) -> dict[str, Any] | None:
@@ -108,3 +109,14 @@ def default_block_size() -> int | None:
         return CPU_BLOCK_SIZE if current_platform.is_cpu() else None
     except Exception:
         return None
+
+
+def in_process_drafter(llm_engine, speculation: str):
+    """The drafter on the model runner of an in-process engine core (model drafters: our layer,
+    backends.inside_vllm.vllm_hybrid; else vLLM's own `drafter`); None out of process."""
+    try:
+        core = llm_engine.engine_core.engine_core
+        runner = core.model_executor.driver_worker.worker.model_runner
+    except AttributeError:
+        return None
+    return getattr(runner, LAYER_ATTR if speculation in MODEL_DRAFTERS else "drafter", None)

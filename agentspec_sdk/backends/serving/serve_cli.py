@@ -121,6 +121,17 @@ def serve(
                                              "one of --formats, or auto: the one the model's chat "
                                              "template writes, tool_calls where it declares no tool "
                                              "syntax)")] = "auto",
+    capture: Annotated[Path | None,
+                       typer.Option("--capture", help="write every finished turn (token ids, "
+                                                 "grammar, tools, episode) into this directory")] = None,
+    capture_sample: Annotated[float,
+                              typer.Option("--capture-sample", help="the share of episodes captured")] = 1.0,
+    capture_max_mb: Annotated[float,
+                              typer.Option("--capture-max-mb", help="start a new capture file past this "
+                                                 "size")] = 64.0,
+    capture_max_files: Annotated[int,
+                                 typer.Option("--capture-max-files", help="capture files kept (the oldest "
+                                                    "removed)")] = 8,
     dry_run: Annotated[bool,
                        typer.Option("--dry-run",
                                     help="write the plan, print the command, do not run it")] = False,
@@ -152,7 +163,12 @@ def serve(
                           plan_path=plan_path, served_model_name=served_model_name,
                           max_model_len=max_model_len, seed=seed, extra_args=list(vllm_args or []),
                           metrics=metrics, tool_parser=tool_parser, tool_format=fmt,
-                          chat_template=chat_template)
+                          chat_template=chat_template, capture_dir=capture, capture_sample=capture_sample,
+                          capture_max_bytes=int(capture_max_mb * (1 << 20)),
+                          capture_max_files=capture_max_files)
+        if capture is not None:
+            typer.echo(f"# capture: every finished turn into {capture.resolve()} (sample {capture_sample:g}, "
+                       f"{capture_max_files} files of {capture_max_mb:g} MiB at most)", err=True)
         typer.echo(spec.shell_line())
         if dry_run:
             return

@@ -30,10 +30,17 @@ from agentspec_sdk.backends.engine_config import (
     running_on_cpu,
     speculative_config,
 )
+from agentspec_sdk.backends.inside_vllm.capture_hook import (
+    CAPTURE_DIR_ENV,
+    CAPTURE_MAX_BYTES_ENV,
+    CAPTURE_MAX_FILES_ENV,
+    CAPTURE_SAMPLE_ENV,
+    ENTRY_POINT,
+)
 from agentspec_sdk.backends.inside_vllm.vllm_grammar import EXACT_MASKS_ENV
 from agentspec_sdk.backends.inside_vllm.vllm_hybrid import MODE_ENV
 from agentspec_sdk.drafting.plan import PLAN_ENV
-from agentspec_sdk.errors import BackendError
+from agentspec_sdk.errors import AgentSpecError, BackendError
 
 Speculation = Literal["structure", "ngram", "suffix", "off", "draft_model", "draft_model+cut",
                       "structure+draft_model"]
@@ -84,6 +91,11 @@ class ServerSpec:
     ngram_max: int = 5
     # speculation in MODEL_DRAFTERS: the draft model (a folder or id, as vLLM takes it)
     draft_model: str | None = None
+    # every finished turn into this capture directory (inside_vllm.capture_hook, docs/capture.md)
+    capture_dir: Path | None = None
+    capture_sample: float = 1.0  # the share of episodes kept
+    capture_max_bytes: int = 64 << 20  # per file, then the next file
+    capture_max_files: int = 8  # the oldest removed beyond it
 
     def model_names(self) -> list[str]:
         """The names clients send as `model`: a short one first (`served_model_name`, else the model's
@@ -107,6 +119,8 @@ class ServerSpec:
         if self.draft_model and self.speculation not in MODEL_DRAFTERS:
             raise BackendError(f"draft_model applies to speculation {sorted(MODEL_DRAFTERS)} only, not "
                                f"{self.speculation!r}")
+        if self.capture_dir is not None:
+            check_capture_settings(self.capture_sample, self.capture_max_bytes, self.capture_max_files)
 
     @property
     def base_url(self) -> str:
@@ -197,6 +211,11 @@ class ServerSpec:
             # the model-drafter layer's entry point (inside_vllm/vllm_hybrid.py) patches the V1 runner
             env[MODE_ENV] = MODEL_DRAFTERS[self.speculation]
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        if self.capture_dir is not None:
+            env.update({CAPTURE_DIR_ENV: str(Path(self.capture_dir).resolve()),
+                        CAPTURE_SAMPLE_ENV: repr(float(self.capture_sample)),
+                        CAPTURE_MAX_BYTES_ENV: str(self.capture_max_bytes),
+                        CAPTURE_MAX_FILES_ENV: str(self.capture_max_files)})
         return env
 
     def multiproc_dir(self) -> Path | None:
@@ -210,6 +229,23 @@ class ServerSpec:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env().items())
         line = shlex.join(self.command())
         return f"{env} {line}" if env else line
+
+
+def check_capture_settings(sample: float, max_bytes: int, max_files: int) -> None:
+    """The capture's bounds, checked before vLLM starts (the writer inside it checks them again), and
+    the entry point that installs the capture in `vllm serve`: a package installed before it existed
+    (`pip install -e .` again) would serve without capturing."""
+    from agentspec_sdk.backends.capture import CaptureWriter  # its checks, on a writer never opened
+
+    try:
+        CaptureWriter.check_settings(max_bytes=max_bytes, max_files=max_files, sample=sample)
+    except AgentSpecError as exc:
+        raise BackendError(f"capture: {exc}") from None
+    plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
+    if ENTRY_POINT not in {ep.name for ep in plugins}:
+        raise BackendError(f"capture needs the vllm.general_plugins entry point {ENTRY_POINT!r}, which the "
+                           "installed agentspec-sdk lacks (installed before it existed): reinstall it "
+                           "(pip install -e . in the repository, or pip install -U agentspec-sdk)")
 
 
 def check_port_free(host: str, port: int) -> None:
