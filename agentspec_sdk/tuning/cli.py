@@ -26,9 +26,11 @@ def _progress_bar(total: int):
 def tune(
     captures: list[Path] = typer.Argument(..., exists=True, help="capture files or directories (*.jsonl)"),
     out: Path = typer.Option(..., "--out", help="the tuned draft plan (JSON), written whole or not at all"),
-    report: Path | None = typer.Option(None, "--report", help="folder for report.md, report.json and the plot"),
+    report: Path | None = typer.Option(None, "--report",
+                                       help="folder for report.md, report.json and the plot"),
     base_plan: Path | None = typer.Option(None, "--base-plan", exists=True, dir_okay=False,
-                                          help="a plan whose fields (formats, tools, prices) the tuned plan keeps"),
+                                          help="a plan whose fields (formats, tools, prices) the tuned "
+                                               "plan keeps"),
     gamma: int = typer.Option(8, "--gamma", help="the deployment's draft length (num_speculative_tokens)"),
     batch: int = typer.Option(8, "--batch", help="the deployment's concurrent rows"),
     delta: float = typer.Option(DEFAULT_DELTA, "--delta",

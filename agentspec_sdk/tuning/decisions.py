@@ -62,13 +62,16 @@ def class_decisions(rounds: Mapping[str, Mapping[str, int]], tokens: Mapping[str
     for c in law.CLASSES:
         t = float(report.tau_by_class[c])
         s = float(law.saving(gamma, t, delta, d))
-        classes[c] = {"share": w[c], "tokens": tokens.get(c, 0), "alpha": alpha[c], "alpha_assumed": c in assumed,
+        classes[c] = {"share": w[c], "tokens": tokens.get(c, 0), "alpha": alpha[c],
+                      "alpha_assumed": c in assumed,
                       "rounds": (rounds.get(c) or {}).get("rounds", 0), "tau": t, "saving": s,
                       "speculate": s > 0}
     be = report.breakeven
     mix_out = {"w_s": w["S"], "w_s_breakeven": _clean(be.exact), "w_s_breakeven_approx": _clean(be.approx),
-               "breakeven_reason": be.exact_reason, "tau": _clean(report.tau), "saving": _clean(report.saving),
+               "breakeven_reason": be.exact_reason, "tau": _clean(report.tau),
+               "saving": _clean(report.saving),
                "speedup": _clean(report.speedup), "speculate": report.saving > 0,
                "gamma": gamma, "delta": delta, "d": d, "kappa": 1.0,
-               "method": "kappa fixed at 1: rho_c = per-position acceptance of the structure drafter's replay"}
+               "method": "kappa fixed at 1: rho_c = per-position acceptance of the structure "
+                         "drafter's replay"}
     return {"classes": classes, "mix": mix_out}

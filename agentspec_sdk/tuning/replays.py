@@ -68,7 +68,8 @@ def replay_candidate(candidate: Candidate, turns: list[dict], grammars: list, se
     tokenizer, ll = _tokenizers(setting.model)
     drafter = build_drafter(candidate, setting.gamma, tokenizer, setting.structure_fields())
     records: list = []
-    row = simulate([dict(t) for t in turns], drafter, setting.batch, trim=GrammarTrim(grammars, ll_tokenizer=ll),
+    trim = GrammarTrim(grammars, ll_tokenizer=ll)
+    row = simulate([dict(t) for t in turns], drafter, setting.batch, trim=trim,
                    schedule=setting.schedule, records=records)
     row["rounds_by_class"] = _round_counts(records)
     row["cost"] = row["passes"] + setting.delta * row["drafted"]

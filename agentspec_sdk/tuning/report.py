@@ -19,7 +19,8 @@ def _row_line(name: str, r: dict, tokens: int) -> str:
 
 
 def _table(rows: dict, tokens: int) -> list[str]:
-    out = ["| drafter | passes | drafted | accepted | cost | cost/token | × off |", "|---|---|---|---|---|---|---|"]
+    out = ["| drafter | passes | drafted | accepted | cost | cost/token | × off |",
+           "|---|---|---|---|---|---|---|"]
     out += [_row_line(name, r, tokens) for name, r in rows.items() if not name.startswith("suffix[")]
     return out
 
@@ -28,8 +29,8 @@ def _kind_table(result: dict) -> list[str]:
     fit = result["fit"]
     kinds = sorted({k for r in fit.values() for k in r.get("by_kind", {})})
     delta = result["settings"]["delta"]
-    names = ["ngram", "suffix", "suffix-tuned"] + [n for n in fit if n.startswith("structure") or n in ("trees",)]
-    names += [n for n in ("off",) if n in fit]
+    names = ["ngram", "suffix", "suffix-tuned"]
+    names += [n for n in fit if n.startswith("structure") or n == "trees"] + ["off"]
     out = ["| kind | tokens (passes off) | " + " | ".join(names) + " | chosen | held-out choice |",
            "|---|---|" + "---|" * (len(names) + 2)]
     for kind in kinds:
@@ -37,7 +38,8 @@ def _kind_table(result: dict) -> list[str]:
         cells = []
         for n in names:
             c = fit.get(n, {}).get("by_kind", {}).get(kind)
-            cells.append(f"{c['passes'] + delta * c['drafted']:.1f} ({c['drafted']}/{c['accepted']})" if c else "–")
+            cost = c["passes"] + delta * c["drafted"] if c else 0.0
+            cells.append(f"{cost:.1f} ({c['drafted']}/{c['accepted']})" if c else "–")
         out.append(f"| {kind} | {base.get('passes', '–')} | " + " | ".join(cells)
                    + f" | {result['choice'].get(kind, '–')} | {result['choice_held_out'].get(kind, '–')} |")
     return out
@@ -52,10 +54,11 @@ def _law_lines(law: dict) -> list[str]:
            "| class | share | α | τ | saving per round | speculate |", "|---|---|---|---|---|---|"]
     for c, v in law["classes"].items():
         assumed = " (assumed)" if v["alpha_assumed"] else ""
-        out.append(f"| {c} | {v['share']:.3f} | {v['alpha']:.3f}{assumed} | {v['tau']:.2f} | {v['saving']:+.3f} "
+        out.append(f"| {c} | {v['share']:.3f} | {v['alpha']:.3f}{assumed} | {v['tau']:.2f} "
+                   f"| {v['saving']:+.3f} "
                    f"| {'yes' if v['speculate'] else 'no'} |")
     out += ["", f"Mix: schema share w_S {m['w_s']:.3f} against its breakeven "
-            f"{'%.3f' % be if be is not None else 'none'} ({m['breakeven_reason']}); τ {m['tau']:.2f}, "
+            f"{f'{be:.3f}' if be is not None else 'none'} ({m['breakeven_reason']}); τ {m['tau']:.2f}, "
             f"predicted saving {m['saving']:+.3f} (speedup {m['speedup']:.2f}×): "
             f"{'speculate' if m['speculate'] else 'do not speculate'}."]
     return out
@@ -67,12 +70,14 @@ def markdown(result: dict) -> str:
            f"{result['turns']} turns in {result['episodes']['all']} episodes: fitting part "
            f"{result['episodes']['fit']} episodes ({result['tokens']['fit']} tokens), held-out part "
            f"{result['episodes']['held']} episodes ({result['tokens']['held']} tokens); seed {s['seed']}, "
-           f"held-out share {s['holdout']}. γ {s['gamma']}, batch {s['batch']}, cost = passes + {s['delta']} × "
+           f"held-out share {s['holdout']}. γ {s['gamma']}, batch {s['batch']}, "
+           f"cost = passes + {s['delta']} × "
            f"drafted (schedule {s['schedule']}); {result['seconds']:.1f} s.", "", "## Notes", ""]
     out += [f"- {n}" for n in result["notes"]]
     out += ["", "## Held-out result", "",
             f"structure-tuned costs {h['structure_tuned']:.1f} passes on the held-out part; the best stock "
-            f"drafter ({h['best_stock']}, suffix-tuned at {result['suffix_tuned_knobs']} from the fitting part) "
+            f"drafter ({h['best_stock']}; suffix-tuned at {result['suffix_tuned_knobs']}, "
+            "tuned on the fitting part) "
             f"{h['best_stock_cost']:.1f}: best stock ÷ structure-tuned = {h['best_stock_over_tuned']:.3f} "
             f"(> 1: structure-tuned is cheaper). structure at the plan's defaults: {h['structure']:.1f}.", ""]
     out += _table(result["held_out"], result["tokens"]["held"])
@@ -101,7 +106,7 @@ def _plot(result: dict, path: Path) -> None:
     fit = result["fit"]
     delta = result["settings"]["delta"]
     kinds = sorted({k for r in fit.values() for k in r.get("by_kind", {})})
-    names = [n for n in fit if n in ("ngram", "suffix-tuned") or n.startswith("structure") or n in ("trees", "off")]
+    names = [n for n in fit if n in ("ngram", "suffix-tuned", "trees", "off") or n.startswith("structure")]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(kinds) + 2), 4.0))
     width = 0.8 / max(len(names), 1)
     x = np.arange(len(kinds))
@@ -118,7 +123,8 @@ def _plot(result: dict, path: Path) -> None:
             ax.annotate("▼", (x[i] + j * width, 1.02), ha="center", fontsize=8)
     ax.set_xticks(x + 0.4 - width / 2, kinds, rotation=20)
     ax.set_ylabel("cost ÷ off (fitting part)")
-    ax.set_title(f"cost per kind, γ {result['settings']['gamma']}, b {result['settings']['batch']} (▼ chosen)")
+    s = result["settings"]
+    ax.set_title(f"cost per kind, γ {s['gamma']}, b {s['batch']} (▼ chosen)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -82,8 +82,8 @@ def tune(ts: TurnSet, opts: TuneOptions, base: DraftPlan | None = None,
         if "kinds" not in t:
             labeller.label(t, ts.formats[t["fmt"]])
     fit, held = split_episodes(ts.turns, opts.holdout, opts.seed)
-    setting = ReplaySetting(opts.gamma, opts.batch, opts.delta, opts.model, _plan_fields(ts, base, opts.model),
-                            opts.schedule)
+    setting = ReplaySetting(opts.gamma, opts.batch, opts.delta, opts.model,
+                            _plan_fields(ts, base, opts.model), opts.schedule)
     return _tune_parts(ts, opts, setting, fit, held, progress, started)
 
 
@@ -136,7 +136,8 @@ def _part_rows(rows: dict, part: str, names: list[str], tokens: int) -> dict:
 def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, kinds, candidates, started) -> dict:
     fit_turns = [ts.turns[i] for i in fit]
     held_turns = [ts.turns[i] for i in held]
-    tokens = {"fit": sum(len(t["out"]) - 1 for t in fit_turns), "held": sum(len(t["out"]) - 1 for t in held_turns)}
+    tokens = {"fit": sum(len(t["out"]) - 1 for t in fit_turns),
+              "held": sum(len(t["out"]) - 1 for t in held_turns)}
     names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], "structure-tuned"]
     fit_rows = _part_rows(rows, "fit", names + [c.name for c in suffix_grid()], tokens["fit"])
     held_rows = _part_rows(rows, "held", names, tokens["held"])
@@ -150,7 +151,8 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, kinds, candid
     episodes = episodes_of(ts.turns)
     return {
         "settings": {"gamma": opts.gamma, "batch": opts.batch, "delta": opts.delta, "d": opts.d,
-                     "holdout": opts.holdout, "seed": opts.seed, "schedule": opts.schedule, "model": opts.model,
+                     "holdout": opts.holdout, "seed": opts.seed, "schedule": opts.schedule,
+                     "model": opts.model,
                      "jobs": opts.jobs},
         "turns": len(ts.turns), "episodes": {"all": len(set(episodes)),
                                              "fit": len({episodes[i] for i in fit}),
