@@ -107,7 +107,7 @@ def _plot(result: dict, path: Path) -> None:
     delta = result["settings"]["delta"]
     kinds = sorted({k for r in fit.values() for k in r.get("by_kind", {})})
     names = [n for n in fit if n in ("ngram", "suffix-tuned", "trees", "off") or n.startswith("structure")]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(kinds) + 2), 4.0))
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.4 * len(kinds) + 3.5), 4.0))
     width = 0.8 / max(len(names), 1)
     x = np.arange(len(kinds))
     for j, n in enumerate(names):
@@ -125,7 +125,8 @@ def _plot(result: dict, path: Path) -> None:
     ax.set_ylabel("cost ÷ off (fitting part)")
     s = result["settings"]
     ax.set_title(f"cost per kind, γ {s['gamma']}, b {s['batch']} (▼ chosen)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylim(0, 1.15)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
