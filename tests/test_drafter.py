@@ -496,3 +496,29 @@ def test_every_bench_ablation_reaches_the_engine_as_lab_switches_not_plan_fields
             DraftPlan.from_dict({"tools": TOOLS, field: getattr(lab, field)})
     assert "lab" not in MODES["structure"] and not set(LAB_FIELDS) & set(DraftPlan(tools=TOOLS).to_dict())
     assert DraftPlan.from_dict({"tools": TOOLS, **LAB_FIELDS}) == DraftPlan(tools=TOOLS)
+
+
+def test_the_lab_switches_reach_the_proposer_through_their_own_file_only(tmp_path, monkeypatch):
+    """`AGENTSPEC_LAB` (written by an engine given `lab=`) names the switches the in-vLLM proposer's
+    drafter runs with; unset, the drafter runs as it ships; a bad file names itself."""
+    from types import SimpleNamespace
+
+    from agentspec_sdk.backends.inside_vllm.vllm_proposer import AgentSpecProposer
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_ENV
+    from agentspec_sdk.drafting.plan import PLAN_ENV
+
+    plan_path = DraftPlan(tools=TOOLS, tokenizer=str(resolve_model())).save(tmp_path / "plan.json")
+    monkeypatch.setenv(PLAN_ENV, str(plan_path))
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                             model_config=SimpleNamespace(max_model_len=512, tokenizer=resolve_model()))
+    monkeypatch.delenv(LAB_ENV, raising=False)
+    assert AgentSpecProposer(config).drafter.lab.is_default
+    monkeypatch.setenv(LAB_ENV, str(ABLATIONS["no_isolation"].save(tmp_path / "lab.json")))
+    proposer = AgentSpecProposer(config)
+    assert proposer.drafter.lab == ABLATIONS["no_isolation"] and proposer.drafter.max_model_len == 512
+    assert "isolation" not in json.loads(plan_path.read_text())
+    (tmp_path / "bad.json").write_text('{"isolation": "no"}')
+    monkeypatch.setenv(LAB_ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(PlanError, match=f"lab switches {tmp_path / 'bad.json'}: isolation: Input should be"):
+        AgentSpecProposer(config)

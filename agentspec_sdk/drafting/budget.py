@@ -90,7 +90,7 @@ class TokenRate:
     of one token per pass is not worth it when every pass already yields `rate` tokens per row share.
     That is the law's saving s = 1 - (1 + γ(δ + d)) / (τ + 1) at its optimum (ds/dγ = 0 at
     v = (δ + d)(τ + 1) / (1 + γ(δ + d))), taken over the run rather than per row or step: the budget
-    prices each token at `rate` times its price (plan budget_rule "rate"). Measured from realised
+    prices each token at `rate` times its price (lab switch budget_rule "rate"). Measured from realised
     acceptance, not the drafts' own estimates; 1 until `min_steps` steps."""
 
     __slots__ = ("decay", "min_steps", "_tokens", "_cost", "_steps")

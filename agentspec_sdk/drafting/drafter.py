@@ -93,7 +93,7 @@ class StructureDrafter:
         self.choices = ChoiceBias()
         self.accounting = Accounting(OnlineAcceptance(plan.prior_acceptance), plan.records_path)
         self.cost = OnlineStepCost(plan.delta)
-        self.rate = TokenRate()  # the run's tokens per unit of pass cost (plan budget_rule "rate")
+        self.rate = TokenRate()  # the run's tokens per unit of pass cost (lab switch budget_rule "rate")
         self.last_error: str | None = None  # traceback of the last failing row or step
         self.failures = 0  # failing rows and steps, logged or not
         # explain mode (benchmarks/offline_drafting.py --explain): a list that gets, per step, one dict

@@ -37,15 +37,19 @@ class LabSwitches(BaseModel):
     learn_choice: bool = True  # False: own and tree compared by their worths as they are
 
     @classmethod
-    def of(cls, value: LabSwitches | Mapping[str, Any] | None) -> LabSwitches:
+    def of(cls, value: LabSwitches | Mapping[str, Any] | None, source: str = "lab switches") -> LabSwitches:
+        """`value` as switches (None: the defaults); `source`: what an error names."""
         if value is None:
             return cls()
         if isinstance(value, LabSwitches):
             return value
+        if not isinstance(value, Mapping):
+            raise PlanError(f"{source}: must be a JSON object, got {type(value).__name__}")
         try:
             return cls.model_validate(dict(value))
         except ValidationError as exc:
-            raise PlanError(f"lab switches: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+            raise PlanError("; ".join(f"{source}: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                      for e in exc.errors())) from None
 
     @property
     def is_default(self) -> bool:
@@ -66,7 +70,7 @@ class LabSwitches(BaseModel):
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise PlanError(f"cannot read lab switches {path} ({LAB_ENV}): {exc}") from None
-        return cls.of(data)
+        return cls.of(data, f"lab switches {path}")
 
 
 # the ablations the bench runs (`agentspec bench` modes structure-no-budget, ...): name -> switches

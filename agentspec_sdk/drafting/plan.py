@@ -107,9 +107,13 @@ class DraftPlan(BaseModel):
             raise PlanError(_describe(exc, "plan")) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """Validated; a value refused (by a field's rule or the whole plan's) leaves the old one."""
+        old = self.__dict__.get(name)
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
+            if name in self.__dict__:
+                self.__dict__[name] = old
             raise PlanError(_describe(exc, "plan")) from None
 
     @model_validator(mode="before")
