@@ -5,9 +5,9 @@ vLLM 0.32 builds a speculative step's llguidance masks on the scheduler's thread
 the bonus position's mask, then `rollback` the walk), and advances each row's grammar over the tokens
 it kept (`accept_tokens`, from `update_from_output`) and trims the next draft (`validate_tokens`,
 from `update_draft_token_ids`). This drives vLLM's own `GuidanceGrammar` objects through exactly those
-calls on real captured turns (`tests/data/{tool_calls,react,code}_turns.json`: prompt and output
+calls on real captured turns (`tests/data/{tool_calls,react,code}.capture.jsonl`: prompt and output
 token ids; the turn grammars as captured, the ReAct turns' rebuilt with `turn_grammar` from the
-file's tools), in arms over the same rows and tokens, interleaved step by step (the arms' order
+capture's tools), in arms over the same rows and tokens, interleaved step by step (the arms' order
 rotates every step):
 
 - `vllm`: vLLM's class and tokenizer as they ship (`GuidanceBackend._build_ll_tokenizer`);
@@ -59,11 +59,23 @@ SETS = ("tool_calls", "react", "code")
 ARMS = ("vllm", "agentspec", "exact-only", "slices-only", "copy-per-fill")
 
 
+def _offline():
+    """benchmarks/offline_drafting.py (its capture reader, `load_turns`)."""
+    import sys
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import offline_drafting
+
+    return offline_drafting
+
+
 def load_set(name: str) -> tuple[list[dict], list[str]]:
     """The set's turns and their Lark grammars (a turn's `grammar` indexes them)."""
-    data = json.loads((ROOT / "tests" / "data" / f"{name}_turns.json").read_text())
+    data = _offline().load_turns(ROOT / "tests" / "data" / f"{name}.capture.jsonl")
     turns = data["turns"]
-    if "grammars" in data:
+    if data["grammars"]:
         return turns, data["grammars"]
     # the ReAct capture left its grammars out: rebuilt as the engine writes them (grammar_for)
     from agentspec_sdk.structure.formats import get_format

@@ -1,12 +1,14 @@
 """Drafters compared offline on real agent turns: structure vs vLLM's ngram and suffix proposers.
 
 Step 1 (`--capture`, needs the engine, ≈ 80 s on the bundled traces): replay a trace file (arm D;
-`--traces`, default the bundled BFCL multi-turn set) with speculation off (b=8) and save every
-turn's prompt and output token ids and its grammar. Step 2 (no engine, seconds): replay those turns
-through each drafter with greedy verification simulated against the recorded outputs (at
+`--traces`, default the bundled BFCL multi-turn set) with speculation off (b=8) and capture every
+turn (`Engine(capture=DIR)`: prompt and output token ids, grammar, format, tools; docs/capture.md).
+Any capture replays here, `agentspec serve --capture`'s too (`turns_from_capture`). Step 2 (no
+engine, seconds): replay those turns through each drafter with greedy verification simulated
+against the recorded outputs (at
 temperature 0 the target writes the same tokens whatever was drafted): each step every active row
-gets a draft, trimmed to the request grammar as vLLM does before verifying (turns files captured
-without grammars are replayed untrimmed); the draft's common prefix with the real continuation is
+gets a draft, trimmed to the request grammar as vLLM does before verifying (turns captured
+without a Lark grammar are replayed untrimmed); the draft's common prefix with the real continuation is
 accepted, plus one token. Rows start as the engine starts agents' turns (`--schedule agents`: up to
 `--batch` rows, a turn once its episode's previous turn has finished; `groups`, the replay before
 2026-12-02, ran the turns `--batch` at a time, so a turn could run beside its own episode's earlier
@@ -31,8 +33,8 @@ times; a replay has none), so they do not depend on the plan's prior.
 
 `--capture --arm A` captures the prose arm (no grammar; the replay adds the prose format).
 
-  flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture turns.json [--traces FILE]
-  python benchmarks/offline_drafting.py turns.json [--gammas 8,16] [--delta 0.2] [--ideas] [--json]
+  flock /tmp/agentspec-engine.lock python benchmarks/offline_drafting.py --capture CAPTURE_DIR [--traces FILE]
+  python benchmarks/offline_drafting.py CAPTURE... [--gammas 8,16] [--delta 0.2] [--ideas] [--json]
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ __all__ = ["SCHEDULES", "SUFFIX_GRID", "GrammarTrim", "StructureCall", "SuffixDr
 
 def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: str | None = None,
             arm_name: str = "D") -> None:
+    """The off engine's turns of one arm, captured (`Engine(capture=path)`: a capture directory,
+    docs/capture.md)."""
+    from agentspec_sdk.backends.capture import read_capture
     from agentspec_sdk.backends.embedded.vllm_engine import Engine
     from agentspec_sdk.backends.model_bundle import load_tokenizer
     from agentspec_sdk.replay.arms import PROSE, build_arm
@@ -68,35 +73,55 @@ def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: st
     tools = _unique_tools([arm])
     prose = bool(arm.episodes) and arm.episodes[0].format == PROSE.name  # arm A
     formats = [REACT, TOOL_CALLS, CODE_AGENT] + ([PROSE] if prose else [])
-    engine = Engine(speculation="off", formats=formats, enforce_eager=True)
+    engine = Engine(speculation="off", formats=formats, enforce_eager=True, capture=path)
     engine.register_tools(tools)
-    turns: list[dict] = []
-    grammars: list[str] = []
-    submit = engine.submit
-
-    def recording_submit(req):
-        grammar = (req.grammar if req.grammar is not None
-                   else engine.grammar_for(req.fmt, req.tools, req.tool_choice))
-        if grammar not in grammars:
-            grammars.append(grammar)
-        index = grammars.index(grammar)
-        future = submit(req)
-        fmt = req.fmt if isinstance(req.fmt, str) else req.fmt.name  # an episode's own wording: an object
-        future.add_done_callback(lambda f: turns.append(
-            {"prompt": f.result().prompt_token_ids, "out": f.result().token_ids, "grammar": index,
-             "fmt": fmt}))
-        return future
-
-    engine.submit = recording_submit
     try:
         replay(engine, arm.episodes, tokenizer=load_tokenizer(None), concurrency=8, max_tokens=max_tokens,
                max_segments=segments, max_steps=arm.max_steps, grammar=arm.grammar, fmt=arm.fmt)
     finally:
         engine.close()
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"traces": str(traces or "bundled"), "arm": arm_name, "tools": tools, "grammars": grammars,
-                   "turns": turns}, fh)
-    print(f"{len(turns)} turns, {sum(len(t['out']) for t in turns)} output tokens -> {path}")
+    turns = read_capture([path]).turns
+    print(f"{len(turns)} turns, {sum(len(t.out) for t in turns)} output tokens -> {path}")
+
+
+def turns_from_capture(capture) -> tuple[list[dict], list[str], list[dict]]:
+    """A capture (`backends.capture.read_capture`) as this replay's turns: `{prompt, out, grammar, fmt}`
+    (`grammar`: an index into the Lark grammars, absent for a turn sent without one, which replays
+    untrimmed; `fmt` absent where the capture names no format), the grammars, and the tools of every
+    turn (the first of each name), in the order the turns were captured."""
+    turns: list[dict] = []
+    grammars: list[str] = []
+    tools: list[dict] = []
+    names: set[str] = set()
+    for t in capture.turns:
+        turn: dict = {"prompt": list(t.prompt), "out": list(t.out)}
+        if t.grammar is not None and t.grammar.kind == "lark":
+            if t.grammar.text not in grammars:
+                grammars.append(t.grammar.text)
+            turn["grammar"] = grammars.index(t.grammar.text)
+        if t.format is not None:
+            turn["fmt"] = t.format
+        for tool in t.tools or []:
+            name = tool.get("function", {}).get("name")
+            if name not in names:
+                names.add(name)
+                tools.append(tool)
+        turns.append(turn)
+    return turns, grammars, tools
+
+
+def load_turns(path) -> dict:
+    """`{"turns", "grammars", "tools"}` of a capture file or directory (`turns_from_capture`); the
+    reader's notes (a truncated last line skipped) go to stderr."""
+    import sys
+
+    from agentspec_sdk.backends.capture import read_capture
+
+    capture = read_capture([path])
+    for note in capture.notes:
+        print(f"# {note}", file=sys.stderr)
+    turns, grammars, tools = turns_from_capture(capture)
+    return {"turns": turns, "grammars": grammars, "tools": tools}
 
 
 class SuffixTrees:
@@ -321,7 +346,7 @@ def pay_cause(note: dict, a_st: int) -> tuple[str, str]:
 def explain_rows(turns: list[dict], tools: list[dict], grammars: list[str], gamma: int, batch: int,
                  label: str, boundary: str = "price", schedule: str = "agents",
                  delta: float | None = None) -> tuple[list[dict], dict]:
-    """The loss/pay/gain steps of structure against suffix on one turns file, and the structure row
+    """The loss/pay/gain steps of structure against suffix on one capture, and the structure row
     (`delta`: the drafter priced as a cost at that delta charges, `priced`; None: at its plan's prior)."""
     price = priced(delta, batch) if delta is not None else {}
     structure = structure_drafter(gamma, tools, explain=True, boundary=boundary, **price)
@@ -500,18 +525,21 @@ def rows_at(turns: list[dict], tools: list[dict], grammars: list[str], gamma: in
     return rows
 
 
-def set_label(data: dict, path: str) -> str:
-    """A turns file's trace set: bundled or the trace file's stem (e.g. bfcl_long_context)."""
+def set_label(path: str) -> str:
+    """A capture's name: its file or directory name without `.capture.jsonl` / `.jsonl`."""
     from pathlib import Path
 
-    traces = data.get("traces", "bundled")
-    return "bundled" if traces == "bundled" else Path(traces).stem.replace("bfcl_", "")
+    name = Path(path).name
+    for suffix in (".capture.jsonl", ".jsonl"):
+        name = name.removesuffix(suffix)
+    return name
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("turns", nargs="+", help="turns file(s) (written by --capture; one with --capture)")
-    ap.add_argument("--capture", action="store_true", help="run the off engine and write the turns file")
+    ap.add_argument("turns", nargs="+", help="capture file(s) or directories (docs/capture.md; one directory "
+                                          "with --capture)")
+    ap.add_argument("--capture", action="store_true", help="run the off engine and capture its turns")
     ap.add_argument("--arm", default="D", help="arm to capture: D, D-react or D-code")
     ap.add_argument("--traces", help="trace file to capture (default: the bundled BFCL multi-turn traces)")
     ap.add_argument("--episodes", type=int, default=12)
@@ -534,14 +562,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.capture:
         if len(args.turns) != 1:
-            ap.error("--capture writes one turns file")
+            ap.error("--capture writes one capture directory")
         capture(args.turns[0], args.episodes, args.segments, args.max_tokens, args.traces, args.arm)
         return
     gammas = [args.gamma] if args.gamma else [int(g) for g in args.gammas.split(",") if g.strip()]
     files = []
     for path in args.turns:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_turns(path)
         label_turns(data["turns"])
         files.append((path, data))
     if args.explain:
@@ -549,7 +576,7 @@ def main() -> None:
             rows, summary = [], []
             for path, data in files:
                 got, row = explain_rows(data["turns"], data["tools"], data.get("grammars", []), g, args.batch,
-                                        set_label(data, path), args.boundary, args.schedule, args.delta)
+                                        set_label(path), args.boundary, args.schedule, args.delta)
                 rows += got
                 summary.append(f"{path}: {len(data['turns'])} turns, structure passes {row['passes']}, "
                                f"drafted {row['drafted']}, accepted {row['accepted']}")
@@ -573,12 +600,12 @@ def report(path: str, data: dict, gammas: list[int], args) -> None:
                          args.ideas, args.quick, args.schedule)
               for g in gammas}
     if args.json:
-        print(json.dumps({"turns_file": path, "traces": data.get("traces", "bundled"),
+        print(json.dumps({"capture": path,
                           "turns": len(turns), "tokens": tokens, "batch": args.batch, "delta": args.delta,
                           "gammas": {str(g): rows for g, rows in result.items()}}, indent=1))
         return
     for g, rows in result.items():
-        print(f"{path} ({set_label(data, path)}, arm {data.get('arm', 'D')}): {len(turns)} turns, {tokens} "
+        print(f"{path} ({set_label(path)}): {len(turns)} turns, {tokens} "
               f"output tokens after the first, b={args.batch}, γ={g}, delta={args.delta}")
         print(f"{'drafter':<16} {'passes':>7} {'drafted':>8} {'accepted':>9} {'cost':>7} {'× off':>6} "
               f"{'÷stock':>7}  (stock: the best of ngram, suffix, suffix-tuned)")

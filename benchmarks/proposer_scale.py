@@ -1,17 +1,17 @@
 """What each proposer costs per step at the batch sizes agents are served at: vLLM's ngram, vLLM's
 suffix and the structure drafter, side by side on the same captured turns, no engine.
 
-Rows are the captured turns of a turns file (`tests/data/*_turns.json`, or one `benchmarks/
-offline_drafting.py --capture` wrote), copied as distinct episodes until `--batch` rows can run at once
-(each copy keeps its episode order: a turn starts once its episode's previous turn has finished, as
-the engine runs agents). The rows live in one `[rows, max_len]` token array as vLLM's input batch
-holds them: a new row takes the first free slot, a finished row's slot is filled by the last row
-(vLLM's `condense`), so the drafters see rows move. Every step each mode's proposer is called with
-every live row (and, once more, the rows that finished in the step before: vLLM calls the proposer
-with a finishing row's last tokens); the draft is trimmed by the turn's grammar as vLLM trims it,
-and greedy verification against the recorded output decides what is accepted (at temperature 0 the
-target writes the same tokens whatever was drafted). The modes step in turn (one step of each, then
-the next), so a burst of load falls on all of them.
+Rows are the captured turns of a capture (`tests/data/*.capture.jsonl`, or any capture file or
+directory: `benchmarks/offline_drafting.py --capture`, `agentspec serve --capture`; docs/capture.md),
+copied as distinct episodes until `--batch` rows can run at once (each copy keeps its episode order: a
+turn starts once its episode's previous turn has finished, as the engine runs agents). The rows live in
+one `[rows, max_len]` token array as vLLM's input batch holds them: a new row takes the first free slot,
+a finished row's slot is filled by the last row (vLLM's `condense`), so the drafters see rows move.
+Every step each mode's proposer is called with every live row (and, once more, the rows that finished in
+the step before: vLLM calls the proposer with a finishing row's last tokens); the draft is trimmed by
+the turn's grammar as vLLM trims it, and greedy verification against the recorded output decides what is
+accepted (at temperature 0 the target writes the same tokens whatever was drafted). The modes step in
+turn (one step of each, then the next), so a burst of load falls on all of them.
 
 Per mode, set and batch size: ms per step (median, p90) of the proposer call, wall and the calling
 thread's CPU time (robust to other load on the machine; a reaper thread's work is not in it), all of it and
@@ -47,8 +47,7 @@ from types import SimpleNamespace
 import numpy as np
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
-SETS = {"tool_calls": DATA / "tool_calls_turns.json", "react": DATA / "react_turns.json",
-        "code": DATA / "code_turns.json"}
+SETS = {name: DATA / f"{name}.capture.jsonl" for name in ("tool_calls", "react", "code")}
 MODES = ("ngram", "suffix", "structure")
 # assumed ms of one target pass on the GPU by batch size (see the module docstring)
 GPU_PASS_MS = {8: 15.0, 32: 17.0, 64: 20.0, 128: 25.0}
@@ -347,7 +346,7 @@ def summary(steps: list[dict], batch: int) -> dict:
 
 def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...], delta: float,
         max_steps: int, profile: int = 0) -> dict:
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = _offline().load_turns(path)
     turns = data["turns"]
     mean_steps = max(1.0, np.mean([len(t["out"]) for t in turns]) / 4)  # a row's life in steps, roughly
     count = max(2, math.ceil(batch * min(max_steps, 60) / mean_steps / len(turns)))
@@ -430,7 +429,8 @@ def table(results: list[dict], passes: dict[int, float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default=",".join(SETS), help="bundled turn sets: " + ", ".join(SETS))
-    ap.add_argument("--turns", action="append", default=[], help="another turns file (repeatable)")
+    ap.add_argument("--turns", action="append", default=[],
+                    help="another capture file or directory (repeatable)")
     ap.add_argument("--batch", default="8,32,64,128")
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES))
@@ -442,7 +442,7 @@ def main() -> None:
     args = ap.parse_args()
     sets = {name: SETS[name] for name in args.sets.split(",") if name}
     for extra in args.turns:
-        sets[Path(extra).stem] = Path(extra)
+        sets[_offline().set_label(extra)] = Path(extra)
     modes = tuple(m for m in args.modes.split(",") if m)
     results = []
     for name, path in sets.items():

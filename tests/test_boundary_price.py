@@ -3,18 +3,15 @@
 no engine): replaying the captured group with boundary "price" must cost no more than with "wall"
 (cost = passes + 0.05 drafted, grammar-trimmed greedy verification), and the mechanism must be gone.
 
-tests/data/tool_calls_turns.json: 18 turns of the bundled arm-D capture (SmolLM2-135M, temperature 0;
-`groups` names which turns replay together, in the batch they were replayed in)."""
-
-import importlib.util
-import json
-from pathlib import Path
+tests/data/tool_calls.capture.jsonl: 18 turns of the bundled arm-D capture (SmolLM2-135M, temperature 0;
+`GROUPS` names which turns replay together, in the batch they were replayed in)."""
 
 import pytest
+from captured_turns import captured as captured_set
+from captured_turns import offline_drafting
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "offline_drafting.py"
-DATA = ROOT / "tests" / "data" / "tool_calls_turns.json"
+# the turns of tool_calls.capture.jsonl that replay together (indexes in capture order)
+GROUPS = {"end_token": [0, 1], "forced_then_tree": list(range(2, 10)), "priced_choice": list(range(10, 18))}
 DELTA = 0.05
 # The drafter's prior when these causes were found (2026-12-01 to 03): delta 0.02 at a fixed 1.5k-token
 # reference, about 0.005 a token for one sequence on these short prompts. The prior is now 0.04 at each
@@ -24,20 +21,17 @@ FOUND_AT = {"delta": 0.02, "ctx_ref": 1500}
 
 @pytest.fixture(scope="module")
 def offline():
-    spec = importlib.util.spec_from_file_location("offline_drafting", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return offline_drafting()
 
 
 @pytest.fixture(scope="module")
 def captured():
-    return json.loads(DATA.read_text())
+    return captured_set("tool_calls")
 
 
 def _replay(offline, data, group: str, boundary: str, batch: int):
     """(row, explain notes of every step) of the structure drafter on one captured group."""
-    turns = [dict(data["turns"][i]) for i in data["groups"][group]]
+    turns = [dict(data["turns"][i]) for i in GROUPS[group]]
     structure = offline.structure_drafter(8, data["tools"], explain=True, boundary=boundary, **FOUND_AT)
     notes = []
 
@@ -117,7 +111,6 @@ def test_worth_counts_only_the_tokens_the_budget_sends(offline, captured):
     assert drafter.estimates.expected(tree) == pytest.approx(0.9 + 0.18 + 0.162)
 
 
-CODE = ROOT / "tests" / "data" / "code_turns.json"
 
 
 def test_acceptance_is_learned_per_segment_kind_on_code_turns(offline):
@@ -130,7 +123,7 @@ def test_acceptance_is_learned_per_segment_kind_on_code_turns(offline):
     the estimates are calibrated per kind as well, `law.OnlineCalibration`)."""
     from agentspec_sdk.law.estimators import OnlineAcceptance
 
-    data = json.loads(CODE.read_text())
+    data = captured_set("code")
 
     def replay():  # 3-character matches in code too, as when this cause was found
         structure = offline.structure_drafter(8, data["tools"], lookup_min_chars_code=3, **FOUND_AT)
@@ -158,7 +151,7 @@ def test_short_matches_in_code_are_not_continued(offline):
     equal passes (784.2 → 770.7 in the benchmark's replay)."""
     from agentspec_sdk.drafting.plan import DraftPlan, PlanError
 
-    data = json.loads(CODE.read_text())
+    data = captured_set("code")
 
     def replay(**fields):
         structure = offline.structure_drafter(8, data["tools"], **{**FOUND_AT, **fields})
@@ -183,7 +176,7 @@ def test_the_row_choice_is_learned_from_which_source_went_further(offline):
     lookups in code and in the reasoning. With the estimates calibrated per depth
     (`law.OnlineCalibration`, which prices a lookup's weak first token) 818.5 → 802.7 at γ 8: the bias
     still favours the reasoning's lookups, the code block's are near even."""
-    data = json.loads(CODE.read_text())
+    data = captured_set("code")
 
     def replay(**fields):
         structure = offline.structure_drafter(8, data["tools"], **{**FOUND_AT, **fields})

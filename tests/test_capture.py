@@ -204,15 +204,12 @@ def test_a_truncated_last_line_is_skipped_with_a_note(tmp_path):
 
 @pytest.mark.engine
 def test_engine_capture_writes_each_turn_as_the_engine_answered_it(engine_off, tmp_path):
-    """`capture=DIR` on the default model (the session's `off` engine with a capture attached, as
-    `Engine(capture=DIR)` attaches it): the captured prompt and output token ids are the result's,
-    with the turn's grammar as sent, its format, tools, agent and times."""
-    from agentspec_sdk.backends.embedded.turn_capture import TurnCapture
-    from agentspec_sdk.backends.engine_config import EngineConfig
-    from agentspec_sdk.backends.types import TurnRequest
+    """A capture on the default model (the session's `off` engine, `capture_to(DIR)`, which
+    `Engine(capture=DIR)` calls at start): the captured prompt and output token ids are the result's,
+    with the turn's grammar as sent, its format, tools, agent and times; nothing after `capture_to(None)`."""
+    from agentspec_sdk.backends.types import TurnRequest, as_registry
 
-    engine_off._capture = TurnCapture.open(EngineConfig(capture=tmp_path / "cap"), engine_off.model,
-                                           engine_off.registry)
+    engine_off.capture_to(tmp_path / "cap")
     try:
         reqs = [TurnRequest(messages=[{"role": "user", "content": "List the files."}], fmt="tool_calls",
                             tools=TOOLS, max_tokens=24, agent_id="agent-7", request_id="cap-a"),
@@ -220,7 +217,7 @@ def test_engine_capture_writes_each_turn_as_the_engine_answered_it(engine_off, t
                             grammar="", request_id="cap-b")]
         results = [engine_off.submit(r).result(timeout=300) for r in reqs]
     finally:
-        engine_off._capture = None
+        engine_off.capture_to(None)
     assert all(r.ok for r in results)
     cap = read_capture([tmp_path / "cap"])
     got = {t.id: t for t in cap.turns}
@@ -229,9 +226,12 @@ def test_engine_capture_writes_each_turn_as_the_engine_answered_it(engine_off, t
     assert (a.prompt, a.out) == (results[0].prompt_token_ids, results[0].token_ids)
     assert (b.prompt, b.out) == (results[1].prompt_token_ids, results[1].token_ids)
     assert a.grammar == Grammar("lark", engine_off.grammar_for("tool_calls", TOOLS)) and b.grammar is None
-    assert (a.format, a.episode, a.tools, a.temperature) == ("tool_calls", "agent-7", TOOLS, 0.0)
+    assert (a.format, a.episode, a.temperature) == ("tool_calls", "agent-7", 0.0)
+    assert a.tools == as_registry(TOOLS).openai_tools()  # the tools as the prompt showed them
     assert b.format == "react" and b.episode is None and b.finish_reason == results[1].finish_reason
     assert a.started < a.finished and stat.S_IMODE(Path(cap.files[0]).stat().st_mode) == 0o600
+    engine_off.submit(reqs[1]).result(timeout=300)  # after capture_to(None): not captured
+    assert len(read_capture([tmp_path / "cap"]).turns) == 2
 
 
 def test_engine_capture_settings_are_checked_before_anything_starts():
@@ -297,7 +297,26 @@ def test_served_turns_of_a_plain_openai_client_are_captured(served):
     assert len(call.prompt) == plain.usage.prompt_tokens
     assert text.tools is None and text.format is None
     assert tok.decode(text.out, skip_special_tokens=True).strip() == streamed.strip()
-    assert text.prompt[:len(call.prompt) // 2] != [] and text.started <= text.finished
+    assert text.prompt and text.started <= text.finished
+
+
+@pytest.mark.server
+def test_our_clients_turns_are_captured_with_their_format_and_agent(served):
+    """`RemoteEngine` names the turn's format (`x-agentspec-format`) and its agent (`user`): the
+    captured turn has them, the grammar it sent, and the token ids the client got back."""
+    from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
+    from agentspec_sdk.backends.types import TurnRequest
+
+    proc, work = served
+    with RemoteEngine(proc.base_url) as remote:
+        req = TurnRequest(messages=[{"role": "user", "content": "What is the weather in Rome?"}], fmt="react",
+                          tools=WEATHER, max_tokens=40, agent_id="ep2", request_id="capture/rome")
+        res = remote.submit(req).result(timeout=300)
+        grammar = remote.grammar_for("react", WEATHER)
+    assert res.ok, res.error
+    (turn,) = [t for t in read_capture([work / "capture"]).turns if t.episode == "ep2"]
+    assert turn.format == "react" and turn.grammar == Grammar("lark", grammar)
+    assert (turn.prompt, turn.out) == (res.prompt_token_ids, res.token_ids)
 
 
 WEATHER = [{"type": "function", "function": {

@@ -222,14 +222,12 @@ def test_per_row_work_at_64_rows_is_bounded(monkeypatch, tok):
     """64 rows of captured tool-call turns (tests/data), six steps after the rows are built: per row
     and step at most one tree update and two tree speculations, only the tokens the row gained
     decoded, and a bounded number of calls into llguidance (matcher and tokenizer)."""
-    import json
-    from pathlib import Path
-
     import llguidance
+    from captured_turns import captured
 
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
-    data = json.loads((Path(__file__).parent / "data" / "tool_calls_turns.json").read_text(encoding="utf-8"))
+    data = captured("tool_calls")
     counts = dict.fromkeys(("matcher", "tokenizer", "tree_add", "tree_spec", "decoded"), 0)
     real = llguidance.LLMatcher
     monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: _Counting(real(*a, **k), counts, "matcher"))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "offline_drafting.py"
+DATA = SCRIPT.parents[1] / "tests" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -216,14 +217,9 @@ def test_label_turns_classifies_a_tool_call_as_schema(offline):
     assert len(turns[0]["classes"]) == len(out) and set(turns[0]["classes"]) == {"S"}
 
 
-DATA = Path(__file__).resolve().parent / "data" / "react_turns.json"
-
-
 @pytest.fixture(scope="module")
 def react_turns(offline):
-    import json
-
-    data = json.loads(DATA.read_text())
+    data = offline.load_turns(DATA / "react.capture.jsonl")
     offline.label_turns(data["turns"])
     return data
 
@@ -262,9 +258,7 @@ def test_the_rate_rule_sends_fewer_tail_tokens_on_captured_code_turns(offline):
     tail tokens the "value" rule sends (worth their price at one token per pass, not at the run's
     tokens per pass) and costs less at that δ (offline: 1215 against 1237; 1221 against 1275 before
     the estimates were calibrated, which withholds part of that tail under "value" too)."""
-    import json
-
-    data = json.loads((DATA.parent / "code_turns.json").read_text())
+    data = offline.load_turns(DATA / "code.capture.jsonl")
     offline.label_turns(data["turns"])
     delta, batch = 0.2, 8
     r = delta / (batch * (1 - delta))  # the one-sequence price whose batch price at 8 rows is delta
@@ -305,3 +299,28 @@ def test_a_tree_passed_over_for_an_untokenized_lookup_is_a_source_choice(offline
     lost = {"chosen": None, "own": None, "tree": tree, "rule": "unpaid", "sent": [], "tree_raw": tree.tokens}
     assert offline.loss_cause(lost, [1, 2, 3, 4], 2) == ("source choice", "lookup")
     assert offline.loss_cause(dict(lost, rule="own"), [1, 2, 3, 4], 2)[0] != "source choice"
+
+
+def test_a_capture_becomes_the_replays_turns(offline, tmp_path):
+    """`turns_from_capture`: Lark grammars indexed once each, a turn without one (or with another
+    kind, which the replay cannot trim by) left without `grammar`, the tools of every turn once by
+    name, the format as `fmt`; the token ids as captured."""
+    from agentspec_sdk.backends.capture import CaptureWriter, Grammar, read_capture
+
+    ls = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}
+    cd = {"type": "function", "function": {"name": "cd", "parameters": {"type": "object"}}}
+    writer = CaptureWriter(tmp_path, writer="serve", model="m")
+    sent = [(Grammar("lark", "start: /a+/"), [ls], "tool_calls"), (None, None, None),
+            (Grammar("json", "{}"), [ls, cd], "react"), (Grammar("lark", "start: /a+/"), [cd], "react"),
+            (Grammar("lark", "start: /b+/"), None, "react")]
+    for i, (grammar, tools, fmt) in enumerate(sent):
+        writer.write_turn(id=str(i), episode=None, prompt=[1, i], out=[2, i], temperature=0.0,
+                          grammar=grammar, format=fmt, tools=tools, started=None, finished=None,
+                          finish_reason="stop")
+    turns, grammars, tools = offline.turns_from_capture(read_capture([tmp_path]))
+    assert grammars == ["start: /a+/", "start: /b+/"] and tools == [ls, cd]
+    assert [t.get("grammar") for t in turns] == [0, None, None, 0, 1]
+    assert [t.get("fmt") for t in turns] == ["tool_calls", None, "react", "react", "react"]
+    assert [(t["prompt"], t["out"]) for t in turns] == [([1, i], [2, i]) for i in range(5)]
+    assert offline.load_turns(tmp_path) == {"turns": turns, "grammars": grammars, "tools": tools}
+

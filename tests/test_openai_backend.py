@@ -202,6 +202,7 @@ def test_a_turn_carries_its_episode_key_for_a_router(fake):
     assert body["user"] == "agent-1" and headers["x-session-id"] == "agent-1"
     body, headers = by_id["b.1"]  # no agent: no key, the router balances it freely
     assert "user" not in body and "x-session-id" not in headers
+    assert headers["x-agentspec-format"] == "tool_calls"  # for a capturing server (docs/capture.md)
 
 
 def test_an_explicit_grammar_or_none_is_sent_as_given(fake):

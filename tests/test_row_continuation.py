@@ -2,13 +2,11 @@
 history: agents resend the prompt and the answer) takes that row's state over instead of building
 it: the prompt tree is extended by the tokens between, not built over the whole prompt; only those
 tokens are decoded and only the previous turn is segmented. The drafts are those of a row built
-anew. Real captured turns (tests/data/tool_calls_turns.json, code_turns.json)."""
-
-import json
-from pathlib import Path
+anew. Real captured turns (tests/data/tool_calls.capture.jsonl, code.capture.jsonl)."""
 
 import numpy as np
 import pytest
+from captured_turns import captured
 
 from agentspec_sdk.drafting import suffix_source
 from agentspec_sdk.drafting.drafter import StructureDrafter
@@ -18,7 +16,6 @@ from agentspec_sdk.drafting.text import HistoryText
 from agentspec_sdk.structure import segmenter as segmenter_mod
 from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
-DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.skipif(not suffix_source.available(), reason="extra: cpu (arctic-inference)")
 
 
@@ -34,7 +31,7 @@ def tok():
 def _episode_pairs(name: str):
     """(data, previous turn, turn) for every captured turn whose prompt begins with its previous
     turn's prompt and output."""
-    data = json.loads((DATA / name).read_text(encoding="utf-8"))
+    data = captured(name)
     turns, pairs = data["turns"], []
     for j, t in enumerate(turns):
         for i in range(j):
@@ -66,7 +63,7 @@ def _replay(drafter, turn) -> list[list[int]]:
     return drafts
 
 
-@pytest.mark.parametrize("name", ["tool_calls_turns.json", "code_turns.json"])
+@pytest.mark.parametrize("name", ["tool_calls", "code"])
 def test_a_new_turn_takes_its_previous_turns_row_over_and_drafts_the_same(tok, monkeypatch, name):
     data, pairs = _episode_pairs(name)
     assert len(pairs) >= 5
@@ -114,7 +111,7 @@ def _continue_one(tok, monkeypatch, tools, prev, turn) -> None:
 
 
 def test_a_row_whose_history_does_not_begin_with_a_parked_one_is_built(tok):
-    data, pairs = _episode_pairs("tool_calls_turns.json")
+    data, pairs = _episode_pairs("tool_calls")
     prev, turn = pairs[0]
     drafter = _drafter(tok, data["tools"], True)
     _replay(drafter, prev)
@@ -125,7 +122,7 @@ def test_a_row_whose_history_does_not_begin_with_a_parked_one_is_built(tok):
 
 
 def test_parking_keeps_its_bounds_and_forgets_the_oldest(tok):
-    data = json.loads((DATA / "code_turns.json").read_text(encoding="utf-8"))
+    data = captured("code")
     drafter = _drafter(tok, data["tools"], True)
     ctx = drafter.rows.context
     parking = Parking(max_rows=2, max_tokens=10 ** 6)
@@ -144,7 +141,7 @@ def test_parking_keeps_its_bounds_and_forgets_the_oldest(tok):
 
 
 def test_a_stopped_tree_is_torn_down_by_the_reaper(tok):
-    data = json.loads((DATA / "code_turns.json").read_text(encoding="utf-8"))
+    data = captured("code")
     trees = suffix_source.SuffixTrees()
     key = trees.start(np.asarray(data["turns"][0]["prompt"]))
     tree = trees.cache._local_trees[key]

@@ -25,10 +25,12 @@ from typing import Any, NamedTuple
 
 from agentspec_sdk.errors import CaptureError
 
-__all__ = ["CAPTURE_VERSION", "Capture", "CaptureWriter", "CapturedTurn", "Grammar", "WRITERS",
-           "read_capture", "writer_for"]
+__all__ = ["CAPTURE_VERSION", "FORMAT_HEADER", "Capture", "CaptureWriter", "CapturedTurn", "Grammar",
+           "WRITERS", "read_capture", "writer_for"]
 
 CAPTURE_VERSION = 1
+# the agent format of a chat request, named by our client (`RemoteEngine`) for a capturing server
+FORMAT_HEADER = "x-agentspec-format"
 WRITERS = ("engine", "serve", "replay")
 DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_MAX_FILES = 8
@@ -71,6 +73,10 @@ def _digest(prefix: str, payload: str) -> str:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _line(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
 
 
 def tools_id(tools: list[dict]) -> str:
@@ -151,17 +157,17 @@ class CaptureWriter:
                 raise CaptureError(f"capture writer for {self.directory} is closed")
             if not self.keeps(episode):
                 return False
-            extra: list[tuple[str, str]] = []  # (id, line) of tools / grammar lines this turn needs
+            extra: list[tuple[str, dict]] = []  # (id, record) of tools / grammar lines this turn needs
             tid = gid = None
             if tools is not None:
                 tid = tools_id(tools)
-                extra.append((tid, _canonical({"type": "tools", "id": tid, "tools": tools})))
+                extra.append((tid, {"type": "tools", "id": tid, "tools": tools}))
             if grammar is not None:
                 grammar = Grammar(str(grammar[0]), str(grammar[1]))
                 gid = grammar_id(grammar)
-                extra.append((gid, _canonical({"type": "grammar", "id": gid, "kind": grammar.kind,
-                                               "text": grammar.text})))
-            turn = _canonical({
+                extra.append((gid, {"type": "grammar", "id": gid, "kind": grammar.kind,
+                                    "text": grammar.text}))
+            turn = _line({
                 "type": "turn", "id": str(id), "episode": None if episode is None else str(episode),
                 "prompt": [int(t) for t in prompt], "out": [int(t) for t in out],
                 "temperature": float(temperature), "grammar": gid, "format": format, "tools": tid,
@@ -169,9 +175,9 @@ class CaptureWriter:
             self._append(extra, turn)
             return True
 
-    def _append(self, extra: list[tuple[str, str]], turn: str) -> None:
-        def block() -> bytes:
-            lines = [line for key, line in extra if key not in self._written] + [turn]
+    def _append(self, extra: list[tuple[str, dict]], turn: str) -> None:
+        def block() -> bytes:  # a tools or grammar line once per file, before its first turn
+            lines = [_line(record) for key, record in extra if key not in self._written] + [turn]
             return ("\n".join(lines) + "\n").encode("utf-8")
 
         data = block()
@@ -193,7 +199,7 @@ class CaptureWriter:
         path = self.directory / f"capture-{pid}-{seq}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self._fh = os.fdopen(fd, "wb")
-        header = _canonical({"agentspec_capture": CAPTURE_VERSION,
+        header = _line({"agentspec_capture": CAPTURE_VERSION,
                              "created": datetime.datetime.now(datetime.UTC).isoformat(),
                              "writer": self.writer, "model": self.model, "pid": pid}) + "\n"
         self._fh.write(header.encode("utf-8"))

@@ -16,6 +16,9 @@ OUT = Annotated[Path, typer.Option("--out", help="folder for report.json, report
 MODEL = Annotated[str | None,
                   typer.Option("--model", help="HF folder or id (default: the bundled SmolLM2-135M)")]
 SEED = Annotated[int, typer.Option("--seed", help="engine seed")]
+CAPTURE = Annotated[Path | None,
+                    typer.Option("--capture", help="capture the off run's turns (token ids, grammar, tools, "
+                                                   "episode) into this directory (docs/capture.md)")]
 EAGER = Annotated[bool,
                   typer.Option("--eager/--compile",
                                help="skip torch.compile (engine start ~15 s instead of ~90 s "
@@ -46,6 +49,20 @@ def _read_text(path: Path, option: str) -> str:
     if not text:
         raise TraceError(f"{option}: {path} is empty")
     return text
+
+
+def _capture_dir(capture: Path | None, modes: list[str]) -> Path | None:
+    """`--capture DIR`: the off run is captured (the target's own outputs, what `agentspec tune`
+    replays), so the modes must include it."""
+    from agentspec_sdk.replay.runner import CAPTURED_MODE
+
+    if capture is None:
+        return None
+    if CAPTURED_MODE not in modes:
+        raise AgentSpecError(f"--capture keeps the {CAPTURED_MODE} run's turns; --modes "
+                             f"{','.join(modes)} has no {CAPTURED_MODE}")
+    typer.echo(f"# capture: the {CAPTURED_MODE} run's turns into {capture.resolve()}", err=True)
+    return capture.resolve()
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -166,7 +183,7 @@ def demo(out: OUT = Path("agentspec-demo"),
          formats: Annotated[str, typer.Option("--formats", help="agent formats replayed, one arm each: "
                                               "tool_calls (D), react (D-react), code_agent (D-code)")]
          = "tool_calls,react,code_agent",
-         eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+         capture: CAPTURE = None, eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
          show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay the bundled agent traces (JSON tool calls, ReAct, a code agent) with speculation off /
     structure / ngram / suffix and report per format."""
@@ -189,6 +206,7 @@ def demo(out: OUT = Path("agentspec-demo"),
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     entropies=entropies,
                     entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
+                    capture=_capture_dir(capture, mode_list),
                     meta={"command": "demo" + (" --quick" if quick else ""),
                           "traces": str(traces or "bundled")})
         # per agent-format arm: structure against off and the stock drafters
@@ -407,7 +425,7 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
                           typer.Option("--format", help="the agent format the traces must be in (a name, "
                                                         "or auto: the model's own); another is an "
                                                         "error")] = None,
-           eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+           capture: CAPTURE = None, eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
            show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay a trace file with the given speculation modes and report."""
     from agentspec_sdk.replay.arms import build_arm
@@ -422,6 +440,7 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
             check_formats(arm.episodes, get_format(fmt).name)
         plan = Plan(configs=[ModeConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
+                    capture=_capture_dir(capture, _csv(modes)),
                     meta={"command": "replay", "traces": str(traces)})
         _execute(plan, out, "replay", show_engine_log)
     except AgentSpecError as err:

@@ -63,6 +63,8 @@ class Plan:
     meta: dict = field(default_factory=dict)
     repeats: int = 1  # the whole plan measured this many times, fresh engines each time
     suffix_tuned: tuple[float, float] = SUFFIX_TUNED  # `suffix-tuned`: (max_spec_factor, min_token_prob)
+    # the `off` runs' turns, captured into this directory after the warm-up (docs/capture.md)
+    capture: Path | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
@@ -118,12 +120,19 @@ def _warm_up(engine: AgentEngine) -> None:
         raise BackendError(f"engine warm-up request failed: {res.error}")
 
 
-def prepare_engine(plan: Plan, engine: AgentEngine) -> None:
-    """Every arm's tools registered and one warm-up turn, before anything is timed."""
+# the mode whose turns `Plan.capture` keeps: the target's own outputs, what `agentspec tune` replays
+CAPTURED_MODE = "off"
+
+
+def prepare_engine(plan: Plan, engine: AgentEngine, cfg: ModeConfig | None = None) -> None:
+    """Every arm's tools registered and one warm-up turn, before anything is timed; then, on the
+    `off` engine of a plan with `capture`, the capture started (the warm-up is not captured)."""
     tools = _unique_tools(plan.arms)
     if tools and hasattr(engine, "register_tools"):
         engine.register_tools(tools)
     _warm_up(engine)
+    if plan.capture is not None and cfg is not None and cfg.mode == CAPTURED_MODE:
+        engine.capture_to(plan.capture)
 
 
 def measure_run(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: Any, arm: Arm, b: int,
@@ -171,7 +180,7 @@ def measure_config(plan: Plan, cfg: ModeConfig, engine: AgentEngine, tokenizer: 
     """Replay every arm at each batch size of `batches` (default: the plan's) on one engine (built
     since `t0`, a perf_counter time); `emit` receives ("started", seconds to a warm engine), then
     `measure_run`'s events per run."""
-    prepare_engine(plan, engine)
+    prepare_engine(plan, engine, cfg)
     emit(("started", time.perf_counter() - t0))
     for arm in plan.arms:
         for b in plan.batches if batches is None else batches:
@@ -196,7 +205,7 @@ def _child(plan: Plan, cfg: ModeConfig, events, commands) -> None:
         t0 = time.perf_counter()
         engine = build_engine(plan, cfg)
         try:
-            prepare_engine(plan, engine)
+            prepare_engine(plan, engine, cfg)
             events.put(("started", time.perf_counter() - t0))
             while (cmd := commands.get())[0] == "run":
                 measure_run(plan, cfg, engine, tokenizer, plan.arms[cmd[1]], cmd[2], events.put, cmd[3])

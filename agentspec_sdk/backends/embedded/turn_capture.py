@@ -22,12 +22,11 @@ class TurnCapture:
         self.registry = registry  # the engine's: the tools a turn without its own tool set is shown
 
     @classmethod
-    def open(cls, config, model: str, registry: ToolRegistry) -> TurnCapture | None:
-        """The engine's capture (None without `config.capture`)."""
-        if config.capture is None:
+    def open(cls, directory, model: str, registry: ToolRegistry, sample: float = 1.0) -> TurnCapture | None:
+        """The engine's capture into `directory` (None: no directory, nothing captured)."""
+        if directory is None:
             return None
-        return cls(writer_for(config.capture, writer="engine", model=str(model),
-                              sample=config.capture_sample), registry)
+        return cls(writer_for(directory, writer="engine", model=str(model), sample=sample), registry)
 
     def record(self, req: TurnRequest, fmt: AgentFormat, sampling, result: TurnResult) -> None:
         structured = getattr(sampling, "structured_outputs", None)

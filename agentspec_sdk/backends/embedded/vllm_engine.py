@@ -113,7 +113,7 @@ class Engine(EngineBase):
         self._tail = RecordsTail(self.records_path)
         self._labels = TokenClassifier(self.tokenizer)
         self._sampling = TurnSampling()
-        self._capture = TurnCapture.open(cfg, self.model, self.registry)  # None: nothing captured
+        self.capture_to(cfg.capture)
         self._llm = start_llm(cfg, self.model, self.max_model_len, gamma_max, self.plan_path, lab_path)
         self._engine = self._llm.llm_engine
         require_layer(self)  # model drafter modes: our layer must be on vLLM's runner
@@ -127,8 +127,7 @@ class Engine(EngineBase):
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
         self._wake = threading.Event()
-        self._closing = False
-        self._dead: str | None = None
+        self._closing, self._dead = False, None  # _dead: why vLLM stopped
         self._idle_agents: dict[str, float] = {}
         self._totals = EngineTotals()
         self._step_s, self._steps = 0.0, 0
@@ -148,6 +147,10 @@ class Engine(EngineBase):
     def resolve_format(self, fmt: str | AgentFormat) -> AgentFormat:
         """`fmt` as a format; "auto": the one the model's chat template writes (`structure.detect`)."""
         return self.template.resolve(fmt)
+
+    def capture_to(self, directory: str | os.PathLike | None) -> None:
+        """Capture every turn that finishes from now on into `directory` (docs/capture.md); None: stop."""
+        self._capture = TurnCapture.open(directory, self.model, self.registry, self.config.capture_sample)
 
     def _use_format(self, fmt: str | AgentFormat) -> AgentFormat:
         fmt = self.resolve_format(fmt)
@@ -194,8 +197,7 @@ class Engine(EngineBase):
                                          agent_id=req.agent_id))
             return future
         live = _Live(req, request_id, f"{request_id}#{next(self._ids)}", fmt, future, prompt_ids, sampling,
-                     events,
-                     StreamSplitter(fmt) if events is not None else None, t_submit=t_submit)
+                     events, StreamSplitter(fmt) if events is not None else None, t_submit=t_submit)
         self._inbox.put(live)
         self._wake.set()
         return future

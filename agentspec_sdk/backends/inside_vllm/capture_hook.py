@@ -8,8 +8,8 @@ API server's process (the one that has imported vLLM's API server), once. Two wr
 context variable:
 
 - `OpenAIServingChat._create_chat_completion` notes the chat request's `tools`, its `user` field and
-  the agent format of the server's `agentspec` tool parser (`AGENTSPEC_TOOL_FORMAT`) where the request
-  has tools;
+  its agent format: the one our client names (`x-agentspec-format`, `RemoteEngine`), else the format of
+  the server's `agentspec` tool parser (`AGENTSPEC_TOOL_FORMAT`) where the request has tools;
 - `AsyncLLM.generate` (the engine client every endpoint calls, synchronously inside the handler, so
   the note is read there) returns vLLM's own output stream, watched: the prompt token ids, the output
   token ids (deltas summed when streaming), the sampling temperature, the grammar as sent
@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from agentspec_sdk.backends.capture import Grammar, writer_for
+from agentspec_sdk.backends.capture import FORMAT_HEADER, Grammar, writer_for
 
 __all__ = ["CAPTURE_DIR_ENV", "CAPTURE_MAX_BYTES_ENV", "CAPTURE_MAX_FILES_ENV", "CAPTURE_SAMPLE_ENV",
            "ENTRY_POINT", "grammar_of", "register", "served_format_name"]
@@ -104,8 +104,9 @@ def _noting_chat(create):
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         parser = getattr(getattr(self, "parser_cls", None), "tool_parser_cls", None)
         ours = getattr(parser, "__name__", "") == TOOL_PARSER_CLASS
+        named = raw_request.headers.get(FORMAT_HEADER) if raw_request is not None else None
         note = {"tools": tools, "user": request.user or None,
-                "format": served_format_name() if tools and ours else None}
+                "format": named or (served_format_name() if tools and ours else None)}
         token = _chat.set(note)
         try:
             return await create(self, request, raw_request)

@@ -17,7 +17,8 @@ vLLM loads this file by path (`--tool-parser-plugin <this file> --tool-call-pars
 
 The prompt of such a request (the format's instructions and the tools in the system prompt, earlier
 calls written in the format) comes from the chat template `agentspec serve` writes
-(`backends.inside_vllm.tool_prompt`). This is the only SDK module that imports vLLM's API-server classes.
+(`backends.inside_vllm.tool_prompt`). With `capture_hook` (which imports them only when capturing), the
+only SDK module that imports vLLM's API-server classes.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from typing import Any
 
 import openai
 
+from agentspec_sdk.backends.capture import FORMAT_HEADER
 from agentspec_sdk.backends.contract import EngineBase
 from agentspec_sdk.backends.inside_vllm.prom_metrics import subtract, summarize
 from agentspec_sdk.backends.plan_file import PlanFile
@@ -175,9 +176,10 @@ class RemoteEngine(EngineBase):
             body["seed"] = seed_for(request_id)  # the same sample on every attempt
         kwargs = {"model": self._model(), **turn["chat"], "max_tokens": req.max_tokens,
                   "temperature": req.temperature, "stop": turn["stop"], "extra_body": body}
+        kwargs["extra_headers"] = {FORMAT_HEADER: turn["fmt"].name}  # for a capturing server
         if req.agent_id:  # the episode key: a router keeps an agent's turns on one replica
             kwargs["user"] = req.agent_id
-            kwargs["extra_headers"] = {SESSION_HEADER: req.agent_id}
+            kwargs["extra_headers"][SESSION_HEADER] = req.agent_id
         return kwargs
 
     def _turn(self, req: TurnRequest, request_id: str, count: bool = True) -> TurnResult:
