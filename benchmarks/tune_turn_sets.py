@@ -1,11 +1,11 @@
-"""`agentspec tune` on the bundled turn sets: each turns file (written by `offline_drafting.py --capture`)
-converted to a capture (format v1), tuned at each γ and batch, and the held-out result per set: the
-policy chosen per segment kind and best stock ÷ structure-tuned in cost (> 1: structure-tuned cheaper;
-each tuned on the fitting part). `--repeat N` copies the turns N times as distinct episodes (the scale
-check: `agentspec tune` on 10,000 captured turns).
+"""`agentspec tune` on the bundled turn sets: each capture (tests/data/*.capture.jsonl, or a turns file of
+the format before captures, `*_turns.json`, converted here), tuned at each γ and batch, and the held-out
+result per set: the policy chosen per segment kind and best stock ÷ structure-tuned in cost (> 1:
+structure-tuned cheaper; each tuned on the fitting part). `--repeat N` copies the turns N times as
+distinct episodes (the scale check: `agentspec tune` on 10,000 captured turns).
 
-  python benchmarks/tune_turn_sets.py tests/data/tool_calls_turns.json ... [--gammas 8,16] [--batches 1,8]
-  python benchmarks/tune_turn_sets.py tests/data/code_turns.json --repeat 323 --gammas 8 --batches 8
+  python benchmarks/tune_turn_sets.py tests/data/tool_calls.capture.jsonl ... [--gammas 8,16] [--batches 1,8]
+  python benchmarks/tune_turn_sets.py tests/data/code.capture.jsonl --repeat 323 --gammas 8 --batches 8
 """
 
 from __future__ import annotations
@@ -23,31 +23,41 @@ from agentspec_sdk.tuning.episodes import episodes_of, turn_set
 from agentspec_sdk.tuning.tuner import TuneOptions, tune
 
 
-def write_capture(turns_file: str, directory: Path, repeat: int = 1) -> int:
-    """The turns file as a capture in `directory`; with `repeat` > 1, each copy's episodes keyed apart."""
-    data = json.loads(Path(turns_file).read_text(encoding="utf-8"))
+def source_turns(path: str) -> list[dict]:
+    """The turns of a capture, or of a turns file of the earlier format (`{"turns", "grammars", "tools"}`,
+    Lark grammars by index), as {prompt, out, grammar, fmt, tools}."""
+    if not path.endswith(".json"):
+        return [{"prompt": t.prompt, "out": t.out, "grammar": t.grammar, "fmt": t.format, "tools": t.tools}
+                for t in read_capture([path]).turns]
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
     grammars = data.get("grammars", [])
-    turns = data["turns"]
+    out = []
+    for t in data["turns"]:
+        text = grammars[t["grammar"]] if grammars and t.get("grammar") is not None else ""
+        out.append({"prompt": t["prompt"], "out": t["out"], "grammar": Grammar("lark", text) if text else None,
+                    "fmt": t.get("fmt"), "tools": data.get("tools") or None})
+    return out
+
+
+def write_capture(turns: list[dict], directory: Path, repeat: int = 1) -> int:
+    """The turns as a capture in `directory`; with `repeat` > 1, each copy's episodes keyed apart."""
     episode = episodes_of([{"prompt": t["prompt"], "out": t["out"]} for t in turns])
     writer = CaptureWriter(directory, writer="replay", model=resolve_model(None), max_bytes=1 << 30)
     n = 0
     for copy in range(repeat):
         for j, t in enumerate(turns):
-            text = grammars[t["grammar"]] if grammars and t.get("grammar") is not None else ""
             writer.write_turn(id=f"{copy}-{j}", episode=f"{copy}-{episode[j]}" if repeat > 1 else None,
-                              prompt=t["prompt"], out=t["out"], temperature=0.0,
-                              grammar=Grammar("lark", text) if text else None, format=t.get("fmt"),
-                              tools=data.get("tools") or None, started=None, finished=None,
+                              prompt=t["prompt"], out=t["out"], temperature=0.0, grammar=t["grammar"],
+                              format=t["fmt"], tools=t["tools"], started=None, finished=None,
                               finish_reason=None)
             n += 1
     writer.close()
     return n
 
 
-def base_plan(turns_file: str) -> DraftPlan | None:
+def base_plan(turns: list[dict]) -> DraftPlan | None:
     """Arm A's prose format for prose turns (the bench's engine adds it the same way)."""
-    data = json.loads(Path(turns_file).read_text(encoding="utf-8"))
-    if not any(t.get("fmt") == "prose" for t in data["turns"]):
+    if not any(t["fmt"] == "prose" for t in turns):
         return None
     from agentspec_sdk.replay.arms import PROSE
     from agentspec_sdk.structure.formats import TOOL_CALLS
@@ -70,8 +80,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in args.turns:
         with tempfile.TemporaryDirectory() as tmp:
-            n = write_capture(path, Path(tmp), args.repeat)
-            base = base_plan(path)
+            turns = source_turns(path)
+            n = write_capture(turns, Path(tmp), args.repeat)
+            base = base_plan(turns)
             known = [] if base is None else [f for f in base.agent_formats()]
             for gamma in (int(g) for g in args.gammas.split(",")):
                 for batch in (int(b) for b in args.batches.split(",")):
@@ -80,7 +91,7 @@ def main() -> None:
                     r = tune(ts, TuneOptions(gamma=gamma, batch=batch, delta=args.delta, jobs=args.jobs,
                                              model=resolve_model(None)), base)
                     h = r["held_out_summary"]
-                    print(f"| {Path(path).stem} | {gamma} | {batch} | {n} | {h['structure_tuned']:.1f} | "
+                    print(f"| {Path(path).name.split('.')[0]} | {gamma} | {batch} | {n} | {h['structure_tuned']:.1f} | "
                           f"{h['best_stock']} {h['best_stock_cost']:.1f} | "
                           f"{h['best_stock_over_tuned']:.3f} | "
                           f"{r['choice']} | {r['stability'] or '–'} | {time.perf_counter() - began:.0f} |",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentspec_sdk.backends.capture import CaptureWriter, Grammar
+from agentspec_sdk.backends.capture import CaptureWriter, read_capture
 from agentspec_sdk.cli import app
 from agentspec_sdk.drafting.plan import DraftPlan, segment_kinds
 from agentspec_sdk.errors import TuneError
@@ -160,19 +160,17 @@ def test_the_law_decides_per_class_from_the_replayed_rounds():
 # -- the command ------------------------------------------------------------------------------------
 
 
-def _capture(directory: Path, turns_file: str, *, episodes: bool = False) -> int:
-    """tests/data's turns file written as a capture (format v1)."""
-    data = json.loads((DATA / turns_file).read_text())
-    grammars = data.get("grammars", [])
+def _capture(directory: Path, name: str, *, episode: str | None = None) -> int:
+    """tests/data's captured turns of set `name` (`<name>.capture.jsonl`) written again into `directory`,
+    every turn in `episode` where one is given."""
+    turns = read_capture([DATA / f"{name}.capture.jsonl"]).turns
     writer = CaptureWriter(directory, writer="replay", model="SmolLM2-135M-Instruct")
-    for j, t in enumerate(data["turns"]):
-        text = grammars[t["grammar"]] if grammars and t.get("grammar") is not None else ""
-        writer.write_turn(id=str(j), episode="one" if episodes else None, prompt=t["prompt"], out=t["out"],
-                          temperature=0.0, grammar=Grammar("lark", text) if text else None,
-                          format=t.get("fmt"), tools=data["tools"], started=None, finished=None,
-                          finish_reason="stop")
+    for t in turns:
+        writer.write_turn(id=t.id, episode=episode, prompt=t.prompt, out=t.out, temperature=t.temperature,
+                          grammar=t.grammar, format=t.format, tools=t.tools, started=t.started,
+                          finished=t.finished, finish_reason=t.finish_reason)
     writer.close()
-    return len(data["turns"])
+    return len(turns)
 
 
 def test_bad_input_writes_no_plan(tmp_path):
@@ -185,7 +183,7 @@ def test_bad_input_writes_no_plan(tmp_path):
     assert result.exit_code == 2
     assert "capture-1-0.jsonl:1: unknown capture version 99" in result.output
     one = tmp_path / "one"
-    _capture(one, "react_turns.json", episodes=True)  # every turn in one episode: nothing to hold out
+    _capture(one, "react", episode="one")  # every turn in one episode: nothing to hold out
     out.write_text("previous plan")
     result = runner.invoke(app, ["tune", str(one), "--out", str(out), "--jobs", "1"])
     assert result.exit_code == 2 and "at least 2 episodes" in result.output
@@ -200,7 +198,7 @@ def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
     of the 8 captured ReAct turns: the plan loads, its kinds are the ReAct format's, the held-out cost
     and the stock drafters' are reported; the turns have no grammar, which the report says."""
     capture = tmp_path / "capture"
-    n = _capture(capture, "react_turns.json")
+    n = _capture(capture, "react")
     with (capture / next(p.name for p in capture.iterdir())).open("a") as fh:
         fh.write('{"type": "turn", "id": "cut-')  # a writer killed mid-line
     out, report = tmp_path / "plan.json", tmp_path / "report"
