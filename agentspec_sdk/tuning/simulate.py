@@ -181,6 +181,9 @@ class _Replay:
         if self.records is not None:
             self.records.append((cls, kind, len(draft), a))
         if pos[i] >= len(turn["out"]):
+            release = getattr(self.trim, "release", None)
+            if release is not None:
+                release(turn)
             self.done[i] = True
             self.live.remove(i)
             self.finishing.append(i)

@@ -71,3 +71,7 @@ class GrammarTrim:
         if matcher.is_stopped() or matcher.is_error():
             return []
         return draft[: matcher.validate_tokens(draft)]
+
+    def release(self, turn: dict) -> None:
+        """Forget a finished turn's matcher (a long capture holds one per turn otherwise)."""
+        self._matchers.pop(id(turn), None)
