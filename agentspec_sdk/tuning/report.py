@@ -45,6 +45,23 @@ def _kind_table(result: dict) -> list[str]:
     return out
 
 
+def _class_table(result: dict) -> list[str]:
+    """Held-out part, per law class of the token a draft began at: the composed plan, the plan's
+    defaults and the best stock drafter."""
+    held, delta = result["held_out"], result["settings"]["delta"]
+    names = ["structure-tuned", "structure", result["held_out_summary"]["best_stock"]]
+    out = ["| class | " + " | ".join(f"{n}: passes / drafted / accepted / cost" for n in names) + " |",
+           "|---|" + "---|" * len(names)]
+    for cls in sorted({c for n in names for c in held[n].get("by_class", {})}):
+        cells = []
+        for n in names:
+            c = held[n].get("by_class", {}).get(cls)
+            cost = c["passes"] + delta * c["drafted"] if c else 0.0
+            cells.append(f"{c['passes']} / {c['drafted']} / {c['accepted']} / {cost:.1f}" if c else "–")
+        out.append(f"| {cls} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _law_lines(law: dict) -> list[str]:
     if not law.get("mix"):
         return [f"no law decision: {law.get('note', 'no data')}"]
@@ -81,6 +98,7 @@ def markdown(result: dict) -> str:
             f"{h['best_stock_cost']:.1f}: best stock ÷ structure-tuned = {h['best_stock_over_tuned']:.3f} "
             f"(> 1: structure-tuned is cheaper). structure at the plan's defaults: {h['structure']:.1f}.", ""]
     out += _table(result["held_out"], result["tokens"]["held"])
+    out += ["", "Per law class of the token a draft began at (held-out part):", ""] + _class_table(result)
     out += ["", "## Per segment kind (fitting part: cost (drafted/accepted) of the passes whose draft began "
             "in the kind)", ""]
     out += _kind_table(result)
