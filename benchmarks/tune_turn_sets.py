@@ -34,7 +34,8 @@ def source_turns(path: str) -> list[dict]:
     out = []
     for t in data["turns"]:
         text = grammars[t["grammar"]] if grammars and t.get("grammar") is not None else ""
-        out.append({"prompt": t["prompt"], "out": t["out"], "grammar": Grammar("lark", text) if text else None,
+        grammar = Grammar("lark", text) if text else None
+        out.append({"prompt": t["prompt"], "out": t["out"], "grammar": grammar,
                     "fmt": t.get("fmt"), "tools": data.get("tools") or None})
     return out
 
@@ -91,7 +92,8 @@ def main() -> None:
                     r = tune(ts, TuneOptions(gamma=gamma, batch=batch, delta=args.delta, jobs=args.jobs,
                                              model=resolve_model(None)), base)
                     h = r["held_out_summary"]
-                    print(f"| {Path(path).name.split('.')[0]} | {gamma} | {batch} | {n} | {h['structure_tuned']:.1f} | "
+                    name = Path(path).name.split(".")[0]
+                    print(f"| {name} | {gamma} | {batch} | {n} | {h['structure_tuned']:.1f} | "
                           f"{h['best_stock']} {h['best_stock_cost']:.1f} | "
                           f"{h['best_stock_over_tuned']:.3f} | "
                           f"{r['choice']} | {r['stability'] or '–'} | {time.perf_counter() - began:.0f} |",
