@@ -96,7 +96,8 @@ def main() -> None:
                     print(f"| {name} | {gamma} | {batch} | {n} | {h['structure_tuned']:.1f} | "
                           f"{h['best_stock']} {h['best_stock_cost']:.1f} | "
                           f"{h['best_stock_over_tuned']:.3f} | "
-                          f"{r['choice']} | {r['stability'] or '–'} | {time.perf_counter() - began:.0f} |",
+                          f"{r['plan_choice']}: {r['choice']} | {r['stability'] or '–'} | "
+                          f"{time.perf_counter() - began:.0f} |",
                           flush=True)
                     results.append({"set": path, **r})
     if args.json:

@@ -85,7 +85,7 @@ def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, see
     plan.save(out)
     h = result["held_out_summary"]
     typer.echo(f"{result['turns']} turns, {result['episodes']['all']} episodes, {result['seconds']:.0f} s; "
-               f"chosen per kind: {result['choice']}")
+               f"chosen per kind: {result['choice']}; plan: {result['plan_choice']}")
     typer.echo(f"held-out cost: structure-tuned {h['structure_tuned']:.1f}, best stock {h['best_stock']} "
                f"{h['best_stock_cost']:.1f} (best stock ÷ structure-tuned {h['best_stock_over_tuned']:.3f})")
     for note in result["notes"]:

@@ -17,7 +17,9 @@ from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
 
-__all__ = ["PRICE_NOTE", "TuneOptions", "tune", "tuned_plan"]
+__all__ = ["PER_KIND", "PRICE_NOTE", "TuneOptions", "tune", "tuned_plan"]
+
+PER_KIND = "structure-per-kind"  # the plan composed of each kind's cheapest policy
 
 PRICE_NOTE = ("the capture holds each turn's start and finish times only, not the engine's step times: "
               "delta and d cannot be fitted from it; the given --delta and --d are used")
@@ -121,10 +123,16 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
         fit_rows = {c.name: rows[(c.name, "fit")] for c in candidates}
         held_rows = {c.name: rows[(c.name, "held")] for c in candidates}
         choice, choice_held = choose_per_kind(fit_rows, opts.delta), choose_per_kind(held_rows, opts.delta)
-        kinds = composed_kinds(choice, policies)
-        composed = Candidate("structure-tuned", "structure", kinds=kinds)
+        composed = Candidate(PER_KIND, "structure", kinds=composed_kinds(choice, policies))
         rows.update(pool.run([(composed, "fit"), (composed, "held")], step))
-    return _result(ts, opts, rows, fit, held, knobs, choice, choice_held, kinds, candidates, started)
+    # the plan: the per-kind composition, or a candidate of one policy everywhere where that costs less
+    # on the fitting part (the kinds' costs were measured apart; composed, they interact)
+    plans = [composed, *candidates]
+    winner = min(plans, key=lambda c: (cost(rows[(c.name, "fit")], opts.delta), plans.index(c)))
+    for part in ("fit", "held"):
+        rows[("structure-tuned", part)] = rows[(winner.name, part)]
+    tuned = {"plan": winner.name, "kinds": winner.kinds}
+    return _result(ts, opts, rows, fit, held, knobs, choice, choice_held, tuned, candidates, started)
 
 
 def _part_rows(rows: dict, part: str, names: list[str], tokens: int) -> dict:
@@ -133,12 +141,12 @@ def _part_rows(rows: dict, part: str, names: list[str], tokens: int) -> dict:
     return out
 
 
-def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, kinds, candidates, started) -> dict:
+def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candidates, started) -> dict:
     fit_turns = [ts.turns[i] for i in fit]
     held_turns = [ts.turns[i] for i in held]
     tokens = {"fit": sum(len(t["out"]) - 1 for t in fit_turns),
               "held": sum(len(t["out"]) - 1 for t in held_turns)}
-    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], "structure-tuned"]
+    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], PER_KIND, "structure-tuned"]
     fit_rows = _part_rows(rows, "fit", names + [c.name for c in suffix_grid()], tokens["fit"])
     held_rows = _part_rows(rows, "held", names, tokens["held"])
     for part_rows in (fit_rows, held_rows):
@@ -160,7 +168,7 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, kinds, candid
         "tokens": tokens, "notes": [*ts.notes, PRICE_NOTE],
         "suffix_tuned_knobs": knobs, "choice": choice, "choice_held_out": choice_held,
         "stability": {k: {"fit": a, "held_out": b} for k, (a, b) in differences(choice, choice_held).items()},
-        "kinds": kinds, "fit": fit_rows, "held_out": held_rows,
+        "plan_choice": plan["plan"], "kinds": plan["kinds"], "fit": fit_rows, "held_out": held_rows,
         "held_out_summary": {"structure_tuned": tuned, "structure": held_rows["structure"]["cost"],
                              "best_stock": stock_name, "best_stock_cost": stock_cost,
                              "best_stock_over_tuned": stock_cost / tuned if tuned else None},
