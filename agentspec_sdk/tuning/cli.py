@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -38,7 +37,8 @@ def tune(
     d: float = typer.Option(0.0, "--d", help="the drafter's cost per drafted token, in passes"),
     holdout: float = typer.Option(0.5, "--holdout", help="share of the episodes held out"),
     seed: int = typer.Option(0, "--seed", help="seed of the episode split"),
-    jobs: int = typer.Option(min(2, os.cpu_count() or 1), "--jobs", help="replays run at once (processes)"),
+    jobs: int = typer.Option(0, "--jobs", help="replays run at once in worker processes; 0: one process "
+                                               "below 50k output tokens, else up to 2"),
     model: str | None = typer.Option(None, "--model", help="the tokenizer the turns were captured with "
                                                            "(default: the default model)"),
 ) -> None:

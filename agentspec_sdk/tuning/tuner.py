@@ -4,6 +4,8 @@ plan that comes out (the base plan's fields with `kinds` filled)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +19,13 @@ from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
 
-__all__ = ["PER_KIND", "PRICE_NOTE", "TuneOptions", "tune", "tuned_plan"]
+__all__ = ["AUTO_JOBS_TOKENS", "MAX_AUTO_JOBS", "PER_KIND", "PRICE_NOTE", "TuneOptions", "tune", "tuned_plan"]
 
 PER_KIND = "structure-per-kind"  # the plan composed of each kind's cheapest policy
+# `jobs` 0: one process below this many output tokens (a worker's start, importing vLLM for the ngram
+# peer, costs more than such a capture's replays), else up to MAX_AUTO_JOBS
+AUTO_JOBS_TOKENS = 50_000
+MAX_AUTO_JOBS = 2
 
 PRICE_NOTE = ("the capture holds each turn's start and finish times only, not the engine's step times: "
               "delta and d cannot be fitted from it; the given --delta and --d are used")
@@ -33,7 +39,7 @@ class TuneOptions:
     d: float = 0.0
     holdout: float = 0.5
     seed: int = 0
-    jobs: int = 1
+    jobs: int = 1  # 0: by the capture's size (AUTO_JOBS_TOKENS)
     model: str = ""
     schedule: str = "agents"
 
@@ -42,6 +48,8 @@ class TuneOptions:
             raise TuneError(f"--gamma must be in [1, 64], got {self.gamma}")
         if self.batch < 1:
             raise TuneError(f"--batch must be >= 1, got {self.batch}")
+        if self.jobs < 0:
+            raise TuneError(f"--jobs must be >= 0 (0: chosen by the capture's size), got {self.jobs}")
         if not 0.0 <= self.delta < 1.0:
             raise TuneError(f"--delta must be in [0, 1), got {self.delta}")
         if self.d < 0:
@@ -86,6 +94,9 @@ def tune(ts: TurnSet, opts: TuneOptions, base: DraftPlan | None = None,
     fit, held = split_episodes(ts.turns, opts.holdout, opts.seed)
     setting = ReplaySetting(opts.gamma, opts.batch, opts.delta, opts.model,
                             _plan_fields(ts, base, opts.model), opts.schedule)
+    if opts.jobs == 0:
+        jobs = 1 if ts.tokens < AUTO_JOBS_TOKENS else min(MAX_AUTO_JOBS, os.cpu_count() or 1)
+        opts = dataclasses.replace(opts, jobs=jobs)
     return _tune_parts(ts, opts, setting, fit, held, progress, started)
 
 
