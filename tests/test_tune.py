@@ -149,7 +149,8 @@ def test_the_law_decides_per_class_from_the_replayed_rounds():
     rounds = {"S": {"rounds": 50, "drafted": 400, "accepted": 360, "rejections": 10},
               "F": {"rounds": 50, "drafted": 100, "accepted": 5, "rejections": 48}}
     out = class_decisions(rounds, {"S": 600, "R": 0, "F": 400}, gamma=8, delta=0.2, d=0.0)
-    assert out["classes"]["S"]["speculate"] and not out["classes"]["F"]["speculate"]
+    assert out["classes"]["S"]["speculate"] is True and out["classes"]["F"]["speculate"] is False
+    assert out["classes"]["R"]["speculate"] is None  # no R tokens: nothing to decide
     assert out["classes"]["S"]["alpha"] == pytest.approx(360 / 370)
     assert out["classes"]["R"]["alpha_assumed"]
     mix = out["mix"]

@@ -65,7 +65,7 @@ def class_decisions(rounds: Mapping[str, Mapping[str, int]], tokens: Mapping[str
         classes[c] = {"share": w[c], "tokens": tokens.get(c, 0), "alpha": alpha[c],
                       "alpha_assumed": c in assumed,
                       "rounds": (rounds.get(c) or {}).get("rounds", 0), "tau": t, "saving": s,
-                      "speculate": s > 0}
+                      "speculate": s > 0 if tokens.get(c, 0) else None}  # None: no tokens of the class
     be = report.breakeven
     mix_out = {"w_s": w["S"], "w_s_breakeven": _clean(be.exact), "w_s_breakeven_approx": _clean(be.approx),
                "breakeven_reason": be.exact_reason, "tau": _clean(report.tau),

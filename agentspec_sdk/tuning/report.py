@@ -73,7 +73,7 @@ def _law_lines(law: dict) -> list[str]:
         assumed = " (assumed)" if v["alpha_assumed"] else ""
         out.append(f"| {c} | {v['share']:.3f} | {v['alpha']:.3f}{assumed} | {v['tau']:.2f} "
                    f"| {v['saving']:+.3f} "
-                   f"| {'yes' if v['speculate'] else 'no'} |")
+                   f"| {'–' if v['speculate'] is None else 'yes' if v['speculate'] else 'no'} |")
     out += ["", f"Mix: schema share w_S {m['w_s']:.3f} against its breakeven "
             f"{f'{be:.3f}' if be is not None else 'none'} ({m['breakeven_reason']}); τ {m['tau']:.2f}, "
             f"predicted saving {m['saving']:+.3f} (speedup {m['speedup']:.2f}×): "
