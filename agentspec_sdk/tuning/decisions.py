@@ -38,7 +38,8 @@ def _clean(x) -> float | None:
 
 def class_decisions(rounds: Mapping[str, Mapping[str, int]], tokens: Mapping[str, int], gamma: int,
                     delta: float, d: float) -> dict:
-    """Per class (S, R, F) and for the whole mix: the law at draft length `gamma` and prices `delta`, `d`.
+    """Per class (S, R, F), at the class's mean drafted length, and for the whole mix at draft length
+    `gamma`: the law at prices `delta`, `d`.
     `rounds[c]`: rounds, drafted, accepted, rejections of class c; `tokens[c]`: output tokens of c."""
     total = sum(tokens.get(c, 0) for c in law.CLASSES)
     if total == 0:
@@ -60,11 +61,15 @@ def class_decisions(rounds: Mapping[str, Mapping[str, int]], tokens: Mapping[str
     report = law.evaluate(params, mix, gamma)
     classes = {}
     for c in law.CLASSES:
-        t = float(report.tau_by_class[c])
-        s = float(law.saving(gamma, t, delta, d))
+        r = rounds.get(c) or {}
+        # as the drafter drafts: at the class's mean drafted length (the budget and the grammar end
+        # most drafts before gamma), as the report's decisions do (replay.predict.decisions)
+        g = max(1, round(r["drafted"] / r["rounds"])) if r.get("rounds") else gamma
+        t = float(law.tau_by_class(params, mix, g)[c])
+        s = float(law.saving(g, t, delta, d))
         classes[c] = {"share": w[c], "tokens": tokens.get(c, 0), "alpha": alpha[c],
-                      "alpha_assumed": c in assumed,
-                      "rounds": (rounds.get(c) or {}).get("rounds", 0), "tau": t, "saving": s,
+                      "alpha_assumed": c in assumed, "rounds": r.get("rounds", 0), "drafted_per_round": g,
+                      "tau": t, "saving": s, "tau_at_gamma": float(report.tau_by_class[c]),
                       "speculate": s > 0 if tokens.get(c, 0) else None}  # None: no tokens of the class
     be = report.breakeven
     mix_out = {"w_s": w["S"], "w_s_breakeven": _clean(be.exact), "w_s_breakeven_approx": _clean(be.approx),

@@ -68,10 +68,12 @@ def _law_lines(law: dict) -> list[str]:
     m = law["mix"]
     be = m["w_s_breakeven"]
     out = [f"At γ {m['gamma']}, δ {m['delta']}, d {m['d']} ({m['method']}):", "",
-           "| class | share | α | τ | saving per round | speculate |", "|---|---|---|---|---|---|"]
+           "| class | share | α | drafted per round | τ | saving per round | speculate |",
+           "|---|---|---|---|---|---|---|"]
     for c, v in law["classes"].items():
         assumed = " (assumed)" if v["alpha_assumed"] else ""
-        out.append(f"| {c} | {v['share']:.3f} | {v['alpha']:.3f}{assumed} | {v['tau']:.2f} "
+        out.append(f"| {c} | {v['share']:.3f} | {v['alpha']:.3f}{assumed} | {v['drafted_per_round']} "
+                   f"| {v['tau']:.2f} "
                    f"| {v['saving']:+.3f} "
                    f"| {'–' if v['speculate'] is None else 'yes' if v['speculate'] else 'no'} |")
     out += ["", f"Mix: schema share w_S {m['w_s']:.3f} against its breakeven "
