@@ -9,6 +9,8 @@ accepted, plus one token. Rows start as the engine starts agents' turns (schedul
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from agentspec_sdk.drafting.fingerprint import prefix_hashes
@@ -96,6 +98,19 @@ class _Replay:
         self.told = [0] * len(turns)  # output tokens keyed drafters have been given
         self.done = [len(t["out"]) <= 1 for t in turns]
         self.waiting = [j for j in range(len(turns)) if not self.done[j]]
+        # agents: the waiting turns whose predecessor is done (a heap: they start in capture order) and,
+        # per unfinished turn, the turns waiting for it; a turn's successors become ready once its
+        # last tokens have reached the drafters (`_seen_finished`)
+        self.ready: list[int] = []
+        self.successors: dict[int, list[int]] = {}
+        for j in self.waiting:
+            p = self.pred[j]
+            if p is None or self.done[p]:
+                self.ready.append(j)
+            else:
+                self.successors.setdefault(p, []).append(j)
+        heapq.heapify(self.ready)
+        self.left = len(self.waiting)  # turns not started yet
         self.live: list[int] = []
         self.finishing: list[int] = []  # rows whose last pass was the previous step
         self.passes = self.drafted = self.accepted = 0
@@ -107,20 +122,26 @@ class _Replay:
         if self.schedule == "groups":
             if not self.live and not self.finishing:
                 self.live, self.waiting = self.waiting[:self.batch], self.waiting[self.batch:]
+                self.left = len(self.waiting)
             return
         # a turn starts once its episode's previous turn is done and has been called once more
         # (its last tokens reached the drafters): the agent sends it after the answer came back
-        pred, done, finishing = self.pred, self.done, self.finishing
-        ready = [j for j in self.waiting if pred[j] is None or (done[pred[j]] and pred[j] not in finishing)]
-        for j in ready[:self.batch - len(self.live)]:
-            self.live.append(j)
-            self.waiting.remove(j)
+        while self.ready and len(self.live) < self.batch:
+            self.live.append(heapq.heappop(self.ready))
+            self.left -= 1
+
+    def _seen_finished(self) -> None:
+        """The finished rows have been called once more: their episodes' next turns may start."""
+        for i in self.finishing:
+            for j in self.successors.pop(i, ()):
+                heapq.heappush(self.ready, j)
+        self.finishing = []
 
     def _drafts(self, active: list[int]) -> list[list[list[int]]] | None:
         """Per active row the drafts of every drafter; None when nothing was called this step."""
         turns, pos = self.turns, self.pos
         if self.oracle:
-            self.finishing = []  # the oracle learns nothing
+            self._seen_finished()  # the oracle learns nothing
             return [[turns[i]["out"][pos[i]:pos[i] + self.gamma]] for i in active] if active else None
         # vLLM calls the proposer after every pass with every row of that pass, a row that has just
         # finished included: its last tokens reach the drafter (structure's trees and lookups learn
@@ -141,7 +162,7 @@ class _Replay:
                 per.append(d([histories[i] for i in called])[:len(active)])
         for i in active:
             self.told[i] = pos[i]
-        self.finishing = []
+        self._seen_finished()
         return [list(o) for o in zip(*per, strict=True)]
 
     def _kind(self, k: int, turn: dict, start: int) -> str | None:
@@ -197,7 +218,7 @@ class _Replay:
             active = list(self.live)
             options = self._drafts(active)
             if options is None:
-                if not self.waiting and not self.live:
+                if not self.left and not self.live:
                     break
                 continue
             for k, (i, drafts) in enumerate(zip(active, options, strict=True)):
