@@ -55,6 +55,9 @@ class GrammarTrim:
         self.ll = ll_tokenizer
         self.grammars = [g if isinstance(g, str) else llguidance_grammar(*g) for g in grammars]
         self._matchers: dict[int, tuple] = {}  # id(turn) -> (matcher, tokens consumed)
+        # grammar index -> a matcher that consumed nothing: each turn's matcher is a copy of it (a
+        # grammar compiles once, not once per turn)
+        self._fresh: dict[int, object] = {}
 
     def __call__(self, turn: dict, pos: int, draft: list[int]) -> list[int]:
         index = turn.get("grammar")
@@ -63,7 +66,9 @@ class GrammarTrim:
             return draft
         key = id(turn)
         if key not in self._matchers:
-            self._matchers[key] = (self._llguidance.LLMatcher(self.ll, grammar, log_level=0), 0)
+            if index not in self._fresh:
+                self._fresh[index] = self._llguidance.LLMatcher(self.ll, grammar, log_level=0)
+            self._matchers[key] = (self._fresh[index].deep_copy(), 0)
         matcher, done = self._matchers[key]
         if pos > done:
             matcher.consume_tokens(turn["out"][done:pos])
