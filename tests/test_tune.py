@@ -233,3 +233,17 @@ def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
     assert "best stock ÷ structure-tuned" in md and "speculate" in md
     assert (report / "kind_costs.png").stat().st_size > 1000
     assert set(data["law"]["classes"]) == {"S", "R", "F"}
+
+
+def test_a_turn_of_an_unknown_format_is_named(tmp_path):
+    capture = tmp_path / "capture"
+    writer = CaptureWriter(capture, writer="replay", model="SmolLM2-135M-Instruct")
+    for j in range(2):
+        writer.write_turn(id=str(j), episode=str(j), prompt=[1, 2], out=[3, 4, 5], temperature=0.0,
+                          grammar=None, format="my_agent", tools=None, started=None, finished=None,
+                          finish_reason="stop")
+    writer.close()
+    result = CliRunner().invoke(app, ["tune", str(capture), "--out", str(tmp_path / "plan.json")])
+    assert result.exit_code == 2
+    assert ".jsonl:2: unknown agent format 'my_agent'" in result.output and "--base-plan" in result.output
+    assert not (tmp_path / "plan.json").exists()

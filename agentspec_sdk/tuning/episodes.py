@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from agentspec_sdk.backends.capture import Capture
 from agentspec_sdk.errors import FormatError, TuneError
-from agentspec_sdk.structure.formats import AgentFormat, get_format
+from agentspec_sdk.structure.formats import AgentFormat, format_names, get_format
 from agentspec_sdk.tuning.simulate import predecessors
 from agentspec_sdk.tuning.trim import TRIMMED_KINDS
 
@@ -51,8 +51,9 @@ def _format(name: str | None, known: Mapping[str, AgentFormat], where: str) -> A
     try:
         return get_format(name)
     except FormatError:
-        raise TuneError(f"{where}: unknown agent format {name!r}; known: {sorted(known)} and the built-in "
-                        "formats (give a --base-plan whose formats include it)") from None
+        names = sorted(set(known) | set(format_names()))
+        raise TuneError(f"{where}: unknown agent format {name!r}; known: {names} (give a --base-plan whose "
+                        "formats include it)") from None
 
 
 def turn_set(capture: Capture, known_formats: Sequence[AgentFormat] = ()) -> TurnSet:
