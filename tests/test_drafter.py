@@ -522,3 +522,25 @@ def test_the_lab_switches_reach_the_proposer_through_their_own_file_only(tmp_pat
     monkeypatch.setenv(LAB_ENV, str(tmp_path / "bad.json"))
     with pytest.raises(PlanError, match=f"lab switches {tmp_path / 'bad.json'}: isolation: Input should be"):
         AgentSpecProposer(config)
+
+
+@pytest.mark.engine
+def test_a_bench_ablation_mode_runs_in_the_engine_with_its_lab_switches():
+    """`agentspec bench`'s mode structure-no-budget in real vLLM: the engine's proposer runs with the
+    mode's switches (budget off), drafts, and the plan file the engine wrote holds no switch."""
+    from agentspec_sdk.backends.embedded.vllm_engine import Engine
+    from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.bfcl import tool_call_prompts
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_FIELDS
+    from agentspec_sdk.replay.arms import engine_kwargs
+
+    settings = engine_kwargs("structure-no-budget", 8)
+    with Engine(max_model_len=2048, kv_cache_gb=1.0, seed=0, **settings) as engine:
+        drafter = engine.proposer().drafter
+        results = engine.generate([TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call",
+                                               max_tokens=48, request_id=p.id) for p in tool_call_prompts(3)])
+        assert drafter.lab == ABLATIONS["no_budget"] and not drafter.lab.budget
+        assert not set(LAB_FIELDS) & set(json.loads(engine.plan_path.read_text()))
+        assert all(r.token_ids for r in results)
+        assert sum(c["drafted"] for c in drafter.stats()["by_class"].values()) > 0
+        assert drafter.stats()["errors"] == 0
