@@ -14,7 +14,8 @@ from agentspec_sdk import law
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out)]
+    cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out),
+           "--capture", str(out / "capture")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -46,6 +47,23 @@ def test_demo_writes_report_table_and_plots(demo_report):
     assert md.rstrip().splitlines()[-1].startswith("- arm ")  # ends with the operator's decisions
     for key in ("platform", "versions", "model", "seed"):
         assert key in rep["meta"]
+
+
+@pytest.mark.engine
+def test_demo_captures_the_off_runs_turns(demo_report):
+    """`--capture DIR` (docs/capture.md): every turn of the off run, none of the other modes' and not
+    the warm-up; each agent's turns under its episode, in the format its arm replays."""
+    from agentspec_sdk.backends.capture import read_capture
+
+    out, rep, _, _ = demo_report
+    cap = read_capture([out / "capture"])
+    off = [r for r in rep["runs"] if r["mode"] == "off"]
+    assert len(cap.turns) == sum(r["turns"] for r in off) > 0 and cap.notes == []
+    assert rep["meta"]["capture"] == str(out / "capture")
+    assert {t.format for t in cap.turns} == {"tool_calls", "react", "code_agent", "prose"}
+    assert "warmup" not in {t.episode for t in cap.turns} and all(t.episode for t in cap.turns)
+    assert all(t.temperature == 0.0 and t.prompt and t.out and t.finish_reason for t in cap.turns)
+    assert all(t.grammar is None or t.grammar.kind == "lark" for t in cap.turns)
 
 
 @pytest.mark.engine
@@ -175,7 +193,8 @@ def test_ctrl_c_leaves_a_valid_partial_report(tmp_path):
     import time
 
     out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out)]
+    cmd = [sys.executable, "-m", "agentspec_sdk.replay.cli", "demo", "--quick", "--out", str(out),
+           "--capture", str(out / "capture")]
     # Ctrl-C as at a terminal: a test run started as a background job inherits SIGINT ignored, and
     # Python then installs no KeyboardInterrupt handler (the demo would rightly run to its end)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

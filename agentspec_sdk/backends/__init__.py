@@ -2,17 +2,18 @@
 modules every room shares:
 
 - `inside_vllm/`: code vLLM loads into its own processes (proposer, model-drafter plugin, mask patch,
-  tool parser and its template, the proposer's Prometheus metrics);
+  tool parser and its template, the proposer's Prometheus metrics, the server's capture);
 - `embedded/`: the embedded engine (`Engine`, vLLM's `LLM` in this process, and its helpers);
 - `remote/`: the client of a vLLM server (`RemoteEngine`); imports no vLLM;
 - `serving/`: operations (`agentspec serve`, the server launcher, draft-model folders).
 
 The shared modules here import no vLLM and no room: `types` (turn types), `contract` (the engine
 contract), `stream_split`, `prompts`, `chat_template`, `vllm_metrics` (drafts settled against vLLM's
-counts), `engine_config` (settings and the one `speculative_config`), `model_bundle`, `plan_file`.
+counts), `engine_config` (settings and the one `speculative_config`), `model_bundle`, `plan_file`,
+`capture` (captured traffic, format v1).
 """
 
 __all__ = [
-    "chat_template", "contract", "engine_config", "model_bundle", "plan_file", "prompts", "stream_split",
-    "types", "vllm_metrics",
+    "capture", "chat_template", "contract", "engine_config", "model_bundle", "plan_file", "prompts",
+    "stream_split", "types", "vllm_metrics",
 ]

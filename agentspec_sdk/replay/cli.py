@@ -61,8 +61,12 @@ def _capture_dir(capture: Path | None, modes: list[str]) -> Path | None:
     if CAPTURED_MODE not in modes:
         raise AgentSpecError(f"--capture keeps the {CAPTURED_MODE} run's turns; --modes "
                              f"{','.join(modes)} has no {CAPTURED_MODE}")
-    typer.echo(f"# capture: the {CAPTURED_MODE} run's turns into {capture.resolve()}", err=True)
     return capture.resolve()
+
+
+def _capture_meta(capture: Path | None) -> dict:
+    """The report names the capture it wrote (`meta.capture`)."""
+    return {"capture": str(capture.resolve())} if capture is not None else {}
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -208,7 +212,7 @@ def demo(out: OUT = Path("agentspec-demo"),
                     entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
                     capture=_capture_dir(capture, mode_list),
                     meta={"command": "demo" + (" --quick" if quick else ""),
-                          "traces": str(traces or "bundled")})
+                          "traces": str(traces or "bundled"), **_capture_meta(capture)})
         # per agent-format arm: structure against off and the stock drafters
         _headline(_execute(plan, out, "demo", show_engine_log))
     except AgentSpecError as err:
@@ -441,7 +445,7 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
         plan = Plan(configs=[ModeConfig(m, gamma) for m in _csv(modes)], arms=[arm], batches=[batch],
                     primary={"batch": batch, "gamma": gamma}, model=model, seed=seed, enforce_eager=eager,
                     capture=_capture_dir(capture, _csv(modes)),
-                    meta={"command": "replay", "traces": str(traces)})
+                    meta={"command": "replay", "traces": str(traces), **_capture_meta(capture)})
         _execute(plan, out, "replay", show_engine_log)
     except AgentSpecError as err:
         raise _fail(err) from None

@@ -132,6 +132,9 @@ def prepare_engine(plan: Plan, engine: AgentEngine, cfg: ModeConfig | None = Non
         engine.register_tools(tools)
     _warm_up(engine)
     if plan.capture is not None and cfg is not None and cfg.mode == CAPTURED_MODE:
+        if not hasattr(engine, "capture_to"):
+            raise BackendError(f"{type(engine).__name__} cannot capture its turns (Engine can; a server: "
+                               "agentspec serve --capture)")
         engine.capture_to(plan.capture)
 
 
