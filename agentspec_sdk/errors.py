@@ -95,3 +95,8 @@ class CaptureError(AgentSpecError):
     """A capture file is unreadable (no header, unknown version, a malformed line, a turn naming an
     unknown grammar or tools id), or a capture setting is out of range; the message names the file and
     line or the setting."""
+
+
+class TuneError(AgentSpecError):
+    """`agentspec tune` cannot tune on its input: too few episodes to split, an unknown agent format,
+    a bad setting (the message names the file, line or option)."""

@@ -43,7 +43,18 @@ import argparse
 import functools
 import json
 
-import numpy as np
+from agentspec_sdk.backends.offline_peers import SuffixDrafter, ngram_drafter
+from agentspec_sdk.backends.offline_peers import cut_at_confidence as _cut
+from agentspec_sdk.tuning.candidates import SUFFIX_GRID, StructureCall, priced
+from agentspec_sdk.tuning.candidates import structure_drafter as _structure_drafter
+from agentspec_sdk.tuning.simulate import SCHEDULES, predecessors, simulate
+from agentspec_sdk.tuning.simulate import agree as _agree
+from agentspec_sdk.tuning.trim import GrammarTrim
+
+# the replay, its drafters and the grammar trim live in the product (agentspec_sdk.tuning, `agentspec
+# tune`); this bench adds the rows that price ideas and the --explain classification
+__all__ = ["SCHEDULES", "SUFFIX_GRID", "GrammarTrim", "StructureCall", "SuffixDrafter", "ngram_drafter",
+           "predecessors", "priced", "simulate"]
 
 
 def capture(path: str, episodes: int, segments: int, max_tokens: int, traces: str | None = None,
@@ -111,78 +122,6 @@ def load_turns(path) -> dict:
         print(f"# {note}", file=sys.stderr)
     turns, grammars, tools = turns_from_capture(capture)
     return {"turns": turns, "grammars": grammars, "tools": tools}
-
-
-def ngram_drafter(gamma: int, n_min: int = 2, n_max: int = 5):
-    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as find
-
-    def propose(histories: list[np.ndarray]) -> list[list[int]]:
-        return [list(find(h.astype(np.int32), n_min, n_max, 1 << 20, gamma)) for h in histories]
-    return propose
-
-
-class SuffixDrafter:
-    """vLLM 0.32's SuffixDecodingProposer (vllm/v1/spec_decode/suffix_decoding.py) step for step, on
-    arctic-inference's SuffixDecodingCache with vLLM's defaults (tree depth 24, 10000 cached
-    requests, spec factor 1.0, min token probability 0.1): a request's prompt tree starts at its
-    first step, every step adds the tokens sampled since the last one (the prefill's token first,
-    then accepted + bonus), the pattern is the last `max_tree_depth` tokens, at most
-    min(gamma, max_model_len - tokens - 1) are speculated, and a finished request is stopped (its
-    response stays in the global tree, which holds the in-flight responses of the other rows too).
-
-    `cut` > 0 (an idea, not vLLM): drop the draft's tail from the first token whose estimated
-    probability (the tree's path frequency, non-increasing along the draft) is below `cut`."""
-
-    keyed = True  # simulate passes (key, prompt length, history, new tokens) rows and retires keys
-
-    def __init__(self, gamma: int, *, max_tree_depth: int = 24, max_cached_requests: int = 10000,
-                 max_spec_factor: float = 1.0, min_token_prob: float = 0.1, max_model_len: int = 8192,
-                 cut: float = 0.0):
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth,
-                                         max_cached_requests=max_cached_requests)
-        self.gamma, self.depth, self.max_model_len = gamma, max_tree_depth, max_model_len
-        self.factor, self.min_prob, self.cut = max_spec_factor, min_token_prob, cut
-        self.probs: dict = {}  # row key -> the tree's probability estimate of each token of its last draft
-
-    def __call__(self, rows) -> list[list[int]]:
-        drafts = []
-        for key, prompt_len, history, new in rows:
-            num_tokens = len(history)
-            self.probs[key] = []
-            if num_tokens >= self.max_model_len:
-                drafts.append([])
-                continue
-            if key not in self.cache.active_requests:
-                if key in self.cache.cached_requests:
-                    self.cache.evict_cached_response(key)
-                self.cache.start_request(key, np.ascontiguousarray(history[:prompt_len], dtype=np.int32))
-            self.cache.add_active_response(key, [int(t) for t in new])
-            pattern = np.ascontiguousarray(history[max(0, num_tokens - self.depth):num_tokens],
-                                           dtype=np.int32)
-            draft = self.cache.speculate(key, pattern,
-                                         max_spec_tokens=min(self.gamma, self.max_model_len - num_tokens - 1),
-                                         max_spec_factor=self.factor, min_token_prob=self.min_prob)
-            drafts.append(_cut(draft.token_ids, draft.probs, self.cut))
-            self.probs[key] = list(draft.probs[:len(drafts[-1])])
-        return drafts
-
-    def retire(self, key, new: list[int]) -> None:
-        """The row's last sampled tokens (vLLM adds them in the step that samples them), then stop."""
-        if new:
-            self.cache.add_active_response(key, [int(t) for t in new])
-        self.cache.stop_request(key)
-        self.probs.pop(key, None)
-
-
-def _cut(tokens, probs, cut: float) -> list[int]:
-    if cut <= 0:
-        return list(tokens)
-    n = 0
-    while n < len(tokens) and probs[n] >= cut:
-        n += 1
-    return list(tokens[:n])
 
 
 class SuffixTrees:
@@ -312,75 +251,6 @@ class ExpectedGain:
             c[0] += min(agree, revealed)
             c[1] += 1 if agree < min(len(st), revealed) else 0
         return pick, n
-
-
-class StructureCall:
-    """The structure drafter as simulate calls it; `classes[k]` / `kinds[k]`: the law class of row k's
-    last draft / the segment kind row k was in (drafter.last_kinds); with `explain`, `notes[k]`: what
-    the drafter weighed for row k in the last step.
-
-    `finished_first`: the rows that finished in the previous step are handed over before the active
-    ones (simulate's `first`), as the keyed SuffixDrafter learns them (`retire`) before its next
-    step: the order under which a "trees" policy drafts what SuffixDrafter drafts."""
-
-    def __init__(self, drafter, explain: bool = False, finished_first: bool = False):
-        self.drafter, self.classes, self.kinds, self.notes = drafter, [], [], []
-        self.finished_first = finished_first
-        if explain:
-            drafter.explain = []
-
-    def __call__(self, histories, first: int = 0) -> list[list[int]]:
-        """Drafts for `histories[first:]` (the rows before `first` are only learned from)."""
-        from agentspec_sdk.drafting.rows import RowInput
-
-        drafts = self.drafter.propose([RowInput(h) for h in histories])[first:]
-        if self.drafter.explain is not None:
-            self.notes = (self.drafter.explain.pop()[first:] if self.drafter.explain
-                          else [{} for _ in drafts])
-            self.drafter.explain.clear()
-        pending = [self.drafter.pending_draft(first + k) if d else None for k, d in enumerate(drafts)]
-        self.classes = [p.law_class if p is not None else None for p in pending]
-        self.kinds = self.drafter.last_kinds[first:]
-        return drafts
-
-
-def _agree(draft: list[int], truth: list[int]) -> int:
-    a = 0
-    while a < len(draft) and a < len(truth) and int(draft[a]) == truth[a]:
-        a += 1
-    return a
-
-
-class GrammarTrim:
-    """What vLLM does to every draft before verifying it: keep the prefix the request's grammar accepts
-    (`validate_tokens` on the turn's llguidance matcher, advanced over the tokens written so far)."""
-
-    def __init__(self, grammars: list[str]):
-        import llguidance
-        import llguidance.hf
-        from transformers import AutoTokenizer
-
-        from agentspec_sdk.backends.model_bundle import resolve_model
-
-        self._llguidance = llguidance
-        self.ll = llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(resolve_model(None)))
-        self.grammars = grammars
-        self._matchers: dict[int, tuple] = {}  # id(turn) -> (matcher, tokens consumed)
-
-    def __call__(self, turn: dict, pos: int, draft: list[int]) -> list[int]:
-        grammar = self.grammars[turn["grammar"]] if self.grammars and "grammar" in turn else ""
-        if not grammar or not draft:
-            return draft
-        key = id(turn)
-        if key not in self._matchers:
-            self._matchers[key] = (self._llguidance.LLMatcher(self.ll, grammar, log_level=0), 0)
-        matcher, done = self._matchers[key]
-        if pos > done:
-            matcher.consume_tokens(turn["out"][done:pos])
-            self._matchers[key] = (matcher, pos)
-        if matcher.is_stopped() or matcher.is_error():
-            return []
-        return draft[: matcher.validate_tokens(draft)]
 
 
 class Explainer:
@@ -531,28 +401,17 @@ def explain_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def priced(delta: float, batch: int) -> dict:
-    """The plan fields that price the structure drafter's tokens as the replay's cost charges them:
-    `delta` per drafted token per row of a `batch`-row step, every row alike. The engine's drafter
-    learns its price from the passes it times; a replay has no passes, so it is given the price its
-    cost uses: the one-sequence delta whose `budget.batch_price` at `batch` rows is `delta`."""
-    from agentspec_sdk.drafting.budget import sequence_price
-
-    return {"delta": sequence_price(delta, batch), "delta_ctx": 0.0}
-
-
 def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, explain: bool = False,
                       boundary: str = "price", finished_first: bool = False, **fields):
-    """The product's structure drafter; `suffix_trees=False`: without its SuffixDecoding trees
-    (the drafter before they became one of its sources); `fields`: other DraftPlan fields (e.g.
-    delta_ctx=0: every row priced alike, kinds: a policy per segment kind) or lab switches
-    (drafting.lab.LabSwitches, e.g. budget_rule="rate"). `finished_first`: see `StructureCall`."""
+    """The product's structure drafter over the bundled formats; `suffix_trees=False`: without its
+    SuffixDecoding trees (the drafter before they became one of its sources); `fields`: other
+    DraftPlan fields (e.g. delta_ctx=0: every row priced alike, kinds: a policy per segment kind) or
+    lab switches (drafting.lab.LabSwitches, e.g. budget_rule="rate"). `finished_first`: see
+    `tuning.candidates.StructureCall`."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
-    from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.lab import LAB_FIELDS, LabSwitches
-    from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.replay.arms import PROSE
     from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS, format_names
 
@@ -560,167 +419,30 @@ def structure_drafter(gamma: int, tools: list[dict], suffix_trees: bool = True, 
     # arm A's prose format where its turns were loaded (label_turns registers it), as the bench's
     # engine adds it for arm A
     formats = [REACT, TOOL_CALLS, CODE_AGENT] + ([PROSE] if PROSE.name in format_names() else [])
-    # learn_delta off: the simulated steps have no target pass to time
     lab = LabSwitches(suffix_trees=suffix_trees, **{k: v for k, v in fields.items() if k in LAB_FIELDS})
-    plan = DraftPlan(formats=formats, tools=tools, tokenizer=model, gamma_max=gamma, learn_delta=False,
-                     boundary=boundary, **{k: v for k, v in fields.items() if k not in LAB_FIELDS})
-    drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model), lab=lab)
-    return StructureCall(drafter, explain=explain, finished_first=finished_first)
+    plan_fields = {"formats": formats, "tools": tools, "tokenizer": model, "boundary": boundary,
+                   **{k: v for k, v in fields.items() if k not in LAB_FIELDS}}
+    return _structure_drafter(gamma, AutoTokenizer.from_pretrained(model), plan_fields, explain=explain,
+                              lab=lab, finished_first=finished_first)
 
 
 def label_turns(turns: list[dict], fmt: str = "tool_calls") -> None:
-    """Each turn's `classes`: the law class (S/R/F) of every output token, as the report classifies
-    them (segmenter spans over the decoded text, structure.token_labels); simulate then splits the
-    drafted and accepted tokens by the class of the token each draft began at, as the engine's
-    per-class rows do for every drafter."""
+    """Each turn's `classes` (the law class S/R/F of every output token) and `kinds` (its segment
+    kind), as the report classifies them; simulate then splits the drafted and accepted tokens by the
+    class and kind of the token each draft began at, as the engine's per-class rows do."""
     from transformers import AutoTokenizer
 
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.structure.formats import get_format
-    from agentspec_sdk.structure.segmenter import segment
-    from agentspec_sdk.structure.token_labels import TokenClassifier
+    from agentspec_sdk.tuning.labels import TurnLabeller
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(None))
-    classifier = TokenClassifier(tok)
     if any(t.get("fmt") == "prose" for t in turns):  # arm A's turns (`--capture --arm A`)
         from agentspec_sdk.replay.arms import ensure_prose_format
         ensure_prose_format()
+    labeller = TurnLabeller(AutoTokenizer.from_pretrained(resolve_model(None)))
     for t in turns:
         if "classes" not in t:
-            text = tok.decode(t["out"], skip_special_tokens=True)
-            t["classes"] = classifier.labels(text, t["out"], segment(get_format(t.get("fmt", fmt)), text))
-
-
-def predecessors(turns: list[dict]) -> list[int | None]:
-    """Each turn's previous turn in its episode (None for an episode's first): the earlier turn with
-    the longest prompt that begins this turn's prompt (an episode's history only grows; the replay
-    may write a recorded answer there instead of the live one, so the output is not compared).
-    Turns are captured in the order they finished, so a turn's predecessor always comes before it."""
-    out: list[int | None] = []
-    for j, t in enumerate(turns):
-        best = None
-        for i in range(j):
-            n = len(turns[i]["prompt"])
-            if len(t["prompt"]) > n and t["prompt"][:n] == turns[i]["prompt"] \
-                    and (best is None or n > len(turns[best]["prompt"])):
-                best = i
-        out.append(best)
-    return out
-
-
-SCHEDULES = ("agents", "groups")
-
-
-def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None,
-             schedule: str = "groups") -> dict:
-    """`propose`: a drafter `f(histories) -> drafts`; a keyed one (`keyed = True`, as vLLM's suffix
-    proposer): called with rows (key, prompt length, history, tokens sampled since its last call)
-    and told `retire(key, last tokens)` when a row finishes; a tuple of drafters, each called every
-    step, whose grammar-trimmed drafts `choose(drafts, truth) -> index` picks from per row and step
-    (`picks` counts the choices); or None: the oracle, which drafts the next `gamma` tokens the
-    target will write (the bound no drafter can beat at this gamma). `trim(turn, pos, draft)`: what
-    is left of a draft after the request grammar (GrammarTrim), as vLLM verifies it.
-
-    `schedule`: "groups" replays the turns `batch` at a time, each group to its end; "agents" as the
-    engine runs agents: up to `batch` rows at once, a row starting as soon as one is free and its
-    episode's previous turn has finished and been called once more (`predecessors`; the engine's
-    proposer sees a finished row's last tokens in the step that samples them, and the agent sends
-    the next turn only after that), so that no turn runs beside its own
-    episode's earlier turns (in "groups" they can: a later turn that repeats an earlier one then
-    drafts from the trees while both are written, which the engine never sees)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    passes = drafted = accepted = 0
-    by_class: dict[str, dict[str, int]] = {}
-    drafters = propose if isinstance(propose, tuple) else (propose,)
-    picks = [0] * len(drafters)
-    pred = predecessors(turns) if schedule == "agents" else [None] * len(turns)
-    pos = [1] * len(turns)  # the first output token comes from the prefill pass
-    told = [0] * len(turns)  # output tokens keyed drafters have been given
-    done = [len(t["out"]) <= 1 for t in turns]
-    waiting = [j for j in range(len(turns)) if not done[j]]
-    live: list[int] = []
-    finishing: list[int] = []  # rows whose last pass was the previous step
-    while True:
-        if schedule == "groups":
-            if not live and not finishing:
-                live, waiting = waiting[:batch], waiting[batch:]
-        else:
-            # a turn starts once its episode's previous turn is done and has been called once more
-            # (its last tokens reached the drafters): the agent sends it after the answer came back
-            ready = [j for j in waiting if pred[j] is None or (done[pred[j]] and pred[j] not in finishing)]
-            for j in ready[:batch - len(live)]:
-                live.append(j)
-                waiting.remove(j)
-        active = list(live)
-        if propose is None:
-            finishing = []  # the oracle learns nothing
-            if not active:
-                if not waiting:
-                    break
-                continue
-            options = [[turns[i]["out"][pos[i]:pos[i] + gamma]] for i in active]
-        else:
-            # vLLM calls the proposer after every pass with every row of that pass, a row that has
-            # just finished included: its last tokens reach the drafter (structure's trees and
-            # lookups learn them) and its draft is dropped. Keyed drafters get them by `retire`.
-            # The finished rows come last, so that a drafter's row k (StructureCall's notes and
-            # classes) is still active row k (rows are matched by their tokens, not their place).
-            called = active + finishing
-            if not called:
-                if not waiting:
-                    break
-                continue
-            histories = {i: np.asarray(turns[i]["prompt"] + turns[i]["out"][:pos[i]]) for i in called}
-            per = []
-            for d in drafters:
-                if getattr(d, "keyed", False):
-                    per.append(d([(i, len(turns[i]["prompt"]), histories[i], turns[i]["out"][told[i]:pos[i]])
-                                  for i in active]))
-                elif getattr(d, "finished_first", False):
-                    per.append(d([histories[i] for i in finishing + active], first=len(finishing)))
-                else:
-                    per.append(d([histories[i] for i in called])[:len(active)])
-            for i in active:
-                told[i] = pos[i]
-            finishing = []
-            if not active:
-                continue
-            options = [list(o) for o in zip(*per, strict=True)]
-        for k, (i, drafts) in enumerate(zip(active, options, strict=True)):
-            turn = turns[i]
-            truth = turn["out"][pos[i]:]
-            drafts = [[int(t) for t in dr] for dr in drafts]
-            if trim is not None and propose is not None:
-                drafts = [trim(turn, pos[i], dr) for dr in drafts]
-            pick = choose(drafts, truth, key=i, index=k) if len(drafts) > 1 else 0
-            pick, n = pick if isinstance(pick, tuple) else (pick, None)
-            picks[pick] += 1
-            draft = drafts[pick][:n]
-            a = _agree(draft, truth)
-            start = pos[i]
-            pos[i] = min(len(turn["out"]), pos[i] + a + 1)
-            drafted += len(draft)
-            accepted += a
-            passes += 1
-            if "classes" in turn:  # the class of the token the draft began at
-                c = by_class.setdefault(turn["classes"][start], {"passes": 0, "drafted": 0, "accepted": 0})
-                c["passes"] += 1
-                c["drafted"] += len(draft)
-                c["accepted"] += a
-            if pos[i] >= len(turn["out"]):
-                done[i] = True
-                live.remove(i)
-                finishing.append(i)
-                for d in drafters:
-                    if getattr(d, "keyed", False):
-                        d.retire(i, turn["out"][told[i]:])
-    row = {"passes": passes, "drafted": drafted, "accepted": accepted}
-    if len(drafters) > 1:
-        row["picks"] = picks
-    if by_class:
-        row["by_class"] = dict(sorted(by_class.items()))
-    return row
+            labeller.label(t, get_format(t.get("fmt", fmt)))
 
 
 IDEAS = {
@@ -739,10 +461,6 @@ IDEAS = {
     "union-ev": "per step the structure-plain or suffix draft, and its length, with the larger expected "
                 "saving (ExpectedGain), or none",
 }
-
-
-# The tuned peer's grid: vLLM's suffix_decoding_max_spec_factor and suffix_decoding_min_token_prob
-SUFFIX_GRID = {"max_spec_factor": (0.5, 1.0, 2.0, 4.0), "min_token_prob": (0.05, 0.1, 0.2, 0.3)}
 
 
 def tuned_suffix(turns: list[dict], gamma: int, batch: int, delta: float, trim,

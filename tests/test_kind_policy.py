@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from captured_turns import captured
 
 from agentspec_sdk.drafting.plan import DraftPlan, KindPolicy, segment_kinds
 from agentspec_sdk.errors import PlanError
@@ -16,7 +17,7 @@ from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
 DATA = Path(__file__).resolve().parent / "data"
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "offline_drafting.py"
-TURN_SETS = ("tool_calls_turns.json", "react_turns.json", "code_turns.json")
+TURN_SETS = ("tool_calls", "react", "code")  # tests/data/<set>.capture.jsonl
 GAMMA = 8
 
 
@@ -29,7 +30,7 @@ def offline():
 
 
 def _load(name: str) -> dict:
-    data = json.loads((DATA / name).read_text())
+    data = captured(name)
     return {"tools": data["tools"], "turns": [dict(t) for t in data["turns"]]}
 
 
@@ -151,7 +152,7 @@ def test_trees_everywhere_drafts_what_vllms_suffix_proposer_drafts(offline, name
 
 
 def test_off_drafts_nothing_in_its_kind_and_a_mixed_plan_drafts_per_kind(offline):
-    data = _load("tool_calls_turns.json")
+    data = _load("tool_calls")
     off = _compare(offline, data, 8, {"tool_call": {"policy": "off"}})
     assert any(k == "tool_call" for k, _, _ in off)
     assert all(not mine for k, mine, _ in off if k == "tool_call")

@@ -10,10 +10,11 @@ modules every room shares:
 The shared modules here import no vLLM and no room: `types` (turn types), `contract` (the engine
 contract), `stream_split`, `prompts`, `chat_template`, `vllm_metrics` (drafts settled against vLLM's
 counts), `engine_config` (settings and the one `speculative_config`), `model_bundle`, `plan_file`,
-`capture` (captured traffic, format v1).
+`capture` (captured traffic, format v1), `offline_peers` (vLLM's ngram and suffix proposers as an
+offline replay calls them; vLLM's ngram function is imported only where that peer is built).
 """
 
 __all__ = [
-    "capture", "chat_template", "contract", "engine_config", "model_bundle", "plan_file", "prompts",
-    "stream_split", "types", "vllm_metrics",
+    "capture", "chat_template", "contract", "engine_config", "model_bundle", "offline_peers", "plan_file",
+    "prompts", "stream_split", "types", "vllm_metrics",
 ]

@@ -67,6 +67,17 @@ def _capture_dir(capture: Path | None, modes: list[str]) -> Path | None:
     return capture.resolve()
 
 
+def _suffix_knobs(text: str) -> tuple[float, float]:
+    """`--suffix-tuned F,P`: the suffix-tuned mode's (max_spec_factor, min_token_prob), checked."""
+    from agentspec_sdk.backends.engine_config import check_suffix_knobs
+
+    tuned = _csv(text, float)
+    if len(tuned) != 2:
+        raise typer.BadParameter(f"--suffix-tuned takes max_spec_factor,min_token_prob, got {text!r}")
+    check_suffix_knobs(*tuned)
+    return tuned[0], tuned[1]
+
+
 def _with_tuned(modes: list[str], tuned_plan: Path | None) -> list[str]:
     """`--plan FILE`: the plan checked now (PlanError names the file) and the mode structure-tuned run
     beside structure."""
@@ -279,18 +290,13 @@ def bench(out: OUT = Path("agentspec-bench"),
           tuned_plan: TUNED_PLAN = None,
           show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """The 4-arm protocol: arms × modes × γ × b, the law fitted, verdicts P1, R1–R4."""
-    from agentspec_sdk.backends.engine_config import check_suffix_knobs
     from agentspec_sdk.replay.arms import MODES, build_arm, format_arms
     from agentspec_sdk.replay.runner import ModeConfig, Plan
 
     try:
         mode_list, gamma_list, batch_list = _csv(modes), _csv(gammas, int), _csv(batches, int)
         mode_list = _with_tuned(mode_list, tuned_plan)
-        tuned = _csv(suffix_tuned, float)
-        if len(tuned) != 2:
-            raise typer.BadParameter("--suffix-tuned takes max_spec_factor,min_token_prob, "
-                                     f"got {suffix_tuned!r}")
-        check_suffix_knobs(*tuned)
+        tuned = _suffix_knobs(suffix_tuned)
         for m in mode_list:
             if m not in MODES:
                 raise typer.BadParameter(f"unknown mode {m!r}; modes are {list(MODES)}")
@@ -310,7 +316,7 @@ def bench(out: OUT = Path("agentspec-bench"),
         plan = Plan(configs=configs, arms=arm_list, batches=batch_list,
                     primary={"batch": max(batch_list), "gamma": primary_gamma}, model=model, seed=seed,
                     enforce_eager=eager, entropies=entropies, repeats=repeats,
-                    suffix_tuned=(tuned[0], tuned[1]), tuned_plan=tuned_plan,
+                    suffix_tuned=tuned, tuned_plan=tuned_plan,
                     meta={"command": "bench", "sources": {
                         "A": "CPython reference text, stdlib pydoc_data.topics",
                         "B": "bfcl-eval BFCL_v4_simple_python + BFCL_v4_multiple (Apache-2.0)",

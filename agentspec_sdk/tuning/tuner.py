@@ -1,0 +1,196 @@
+"""`tune`: the candidates replayed on the fitting part, the per-kind choice, the composed plan replayed
+on both parts, the stock drafters on the held-out part, the law's decision per class; `tuned_plan`: the
+plan that comes out (the base plan's fields with `kinds` filled)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.errors import TuneError
+from agentspec_sdk.tuning.candidates import Candidate, kind_candidates, stock_candidates, suffix_grid
+from agentspec_sdk.tuning.choose import best_stock, choose_per_kind, composed_kinds, cost, differences
+from agentspec_sdk.tuning.decisions import class_decisions, token_shares
+from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
+from agentspec_sdk.tuning.labels import TurnLabeller
+from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
+
+__all__ = ["AUTO_JOBS_TOKENS", "MAX_AUTO_JOBS", "PER_KIND", "PRICE_NOTE", "TuneOptions", "tune", "tuned_plan"]
+
+PER_KIND = "structure-per-kind"  # the plan composed of each kind's cheapest policy
+# `jobs` 0: one process below this many output tokens (a worker's start, importing vLLM for the ngram
+# peer, costs more than such a capture's replays), else up to MAX_AUTO_JOBS
+AUTO_JOBS_TOKENS = 50_000
+MAX_AUTO_JOBS = 2
+
+PRICE_NOTE = ("the capture holds each turn's start and finish times only, not the engine's step times: "
+              "delta and d cannot be fitted from it; the given --delta and --d are used")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    gamma: int = 8
+    batch: int = 8
+    delta: float = 0.2
+    d: float = 0.0
+    holdout: float = 0.5
+    seed: int = 0
+    jobs: int = 1  # 0: by the capture's size (AUTO_JOBS_TOKENS)
+    model: str = ""
+    schedule: str = "agents"
+
+    def check(self) -> None:
+        if not 1 <= self.gamma <= 64:
+            raise TuneError(f"--gamma must be in [1, 64], got {self.gamma}")
+        if self.batch < 1:
+            raise TuneError(f"--batch must be >= 1, got {self.batch}")
+        if self.jobs < 0:
+            raise TuneError(f"--jobs must be >= 0 (0: chosen by the capture's size), got {self.jobs}")
+        if not 0.0 <= self.delta < 1.0:
+            raise TuneError(f"--delta must be in [0, 1), got {self.delta}")
+        if self.d < 0:
+            raise TuneError(f"--d must be >= 0, got {self.d}")
+
+
+def _plan_fields(ts: TurnSet, base: DraftPlan | None, model: str) -> dict:
+    """The fields every replayed plan starts from: the base plan's (its kinds dropped), with the
+    capture's formats and tools added."""
+    fields = base.to_dict() if base is not None else {}
+    for key in ("kinds", "version"):
+        fields.pop(key, None)
+    formats = {f["name"]: f for f in fields.get("formats", [])}
+    for name, fmt in ts.formats.items():
+        formats.setdefault(name, fmt.to_dict())
+    tools = list(fields.get("tools", []))
+    tools += [t for t in ts.tools if t not in tools]
+    return {**fields, "formats": list(formats.values()), "tools": tools,
+            "tokenizer": fields.get("tokenizer") or model}
+
+
+def _suffix_tuned(rows: dict, delta: float) -> tuple[dict, dict]:
+    """(row, knobs) of the grid point of least cost on the fitting part (ties: the earlier point)."""
+    grid = suffix_grid()
+    best = min(grid, key=lambda c: (cost(rows[(c.name, "fit")], delta), grid.index(c)))
+    return rows[(best.name, "fit")], dict(best.knobs)
+
+
+def tune(ts: TurnSet, opts: TuneOptions, base: DraftPlan | None = None,
+         progress: Callable[[int, int], None] | None = None, labeller: TurnLabeller | None = None) -> dict:
+    """Everything `agentspec tune` reports, as a JSON-able dict (see docs/tuning.md); `base`: the plan
+    whose fields the replayed plans start from; `progress(done, total)` after each replay (output
+    tokens replayed so far, of all the replays' output tokens)."""
+    opts.check()
+    started = time.perf_counter()
+    if labeller is None:
+        from transformers import AutoTokenizer
+        labeller = TurnLabeller(AutoTokenizer.from_pretrained(opts.model))
+    for t in ts.turns:
+        if "kinds" not in t:
+            labeller.label(t, ts.formats[t["fmt"]])
+    fit, held = split_episodes(ts.turns, opts.holdout, opts.seed)
+    setting = ReplaySetting(opts.gamma, opts.batch, opts.delta, opts.model,
+                            _plan_fields(ts, base, opts.model), opts.schedule)
+    if opts.jobs == 0:
+        jobs = 1 if ts.tokens < AUTO_JOBS_TOKENS else min(MAX_AUTO_JOBS, os.cpu_count() or 1)
+        opts = dataclasses.replace(opts, jobs=jobs)
+    return _tune_parts(ts, opts, setting, fit, held, progress, started)
+
+
+def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: list[int], held: list[int],
+                progress, started: float) -> dict:
+    stock = stock_candidates()
+    ngram, suffix = stock
+    grid = suffix_grid()
+    default_grid = next(c for c in grid if c.knobs == suffix.knobs)
+    with ReplayPool(ts, {"fit": fit, "held": held}, setting, opts.jobs) as pool:
+        no_trees = [c for c in kind_candidates({"max_spec_factor": 1.0, "min_token_prob": 0.1})
+                    if c.name != "trees"]
+        first = ([(c, "fit") for c in grid] + [(ngram, "fit"), (ngram, "held"), (suffix, "held")]
+                 + [(c, part) for c in no_trees for part in ("fit", "held")])
+        # the second and third rounds: trees and the composed plan on both parts, suffix-tuned held out
+        later = {"fit": 2, "held": 3}
+        total = sum(pool.tokens(p) * (sum(q == p for _, q in first) + later[p]) for p in ("fit", "held"))
+        done = 0
+
+        def step(tokens: int) -> None:
+            nonlocal done
+            done += tokens
+            if progress is not None:
+                progress(done, total)
+
+        rows = pool.run(first, step)
+        rows[("suffix", "fit")] = rows[(default_grid.name, "fit")]
+        tuned_row, knobs = _suffix_tuned(rows, opts.delta)
+        rows[("suffix-tuned", "fit")] = tuned_row
+        candidates = kind_candidates(knobs)
+        trees = next(c for c in candidates if c.name == "trees")
+        second = [(trees, "fit"), (trees, "held"), (Candidate("suffix-tuned", "suffix", knobs), "held")]
+        rows.update(pool.run(second, step))
+        policies = {c.name: c.kinds["*"] for c in candidates}
+        fit_rows = {c.name: rows[(c.name, "fit")] for c in candidates}
+        held_rows = {c.name: rows[(c.name, "held")] for c in candidates}
+        choice, choice_held = choose_per_kind(fit_rows, opts.delta), choose_per_kind(held_rows, opts.delta)
+        composed = Candidate(PER_KIND, "structure", kinds=composed_kinds(choice, policies))
+        rows.update(pool.run([(composed, "fit"), (composed, "held")], step))
+    # the plan: the per-kind composition, or a candidate of one policy everywhere where that costs less
+    # on the fitting part (the kinds' costs were measured apart; composed, they interact)
+    plans = [composed, *candidates]
+    winner = min(plans, key=lambda c: (cost(rows[(c.name, "fit")], opts.delta), plans.index(c)))
+    for part in ("fit", "held"):
+        rows[("structure-tuned", part)] = rows[(winner.name, part)]
+    tuned = {"plan": winner.name, "kinds": winner.kinds}
+    return _result(ts, opts, rows, fit, held, knobs, choice, choice_held, tuned, candidates, started)
+
+
+def _part_rows(rows: dict, part: str, names: list[str], tokens: int) -> dict:
+    out = {"off": {"passes": tokens, "drafted": 0, "accepted": 0, "cost": float(tokens)}}
+    out.update({n: rows[(n, part)] for n in names if (n, part) in rows})
+    return out
+
+
+def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candidates, started) -> dict:
+    fit_turns = [ts.turns[i] for i in fit]
+    held_turns = [ts.turns[i] for i in held]
+    tokens = {"fit": sum(len(t["out"]) - 1 for t in fit_turns),
+              "held": sum(len(t["out"]) - 1 for t in held_turns)}
+    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], PER_KIND, "structure-tuned"]
+    fit_rows = _part_rows(rows, "fit", names + [c.name for c in suffix_grid()], tokens["fit"])
+    held_rows = _part_rows(rows, "held", names, tokens["held"])
+    for part_rows in (fit_rows, held_rows):
+        off = part_rows["off"]["cost"]
+        for row in part_rows.values():
+            row["cost"] = cost(row, opts.delta)
+            row["speedup_vs_off"] = off / row["cost"] if row["cost"] else None
+    stock_name, stock_cost = best_stock(held_rows, opts.delta)
+    tuned = held_rows["structure-tuned"]["cost"]
+    episodes = episodes_of(ts.turns)
+    return {
+        "settings": {"gamma": opts.gamma, "batch": opts.batch, "delta": opts.delta, "d": opts.d,
+                     "holdout": opts.holdout, "seed": opts.seed, "schedule": opts.schedule,
+                     "model": opts.model,
+                     "jobs": opts.jobs},
+        "turns": len(ts.turns), "episodes": {"all": len(set(episodes)),
+                                             "fit": len({episodes[i] for i in fit}),
+                                             "held": len({episodes[i] for i in held})},
+        "tokens": tokens, "notes": [*ts.notes, PRICE_NOTE],
+        "suffix_tuned_knobs": knobs, "choice": choice, "choice_held_out": choice_held,
+        "stability": {k: {"fit": a, "held_out": b} for k, (a, b) in differences(choice, choice_held).items()},
+        "plan_choice": plan["plan"], "kinds": plan["kinds"], "fit": fit_rows, "held_out": held_rows,
+        "held_out_summary": {"structure_tuned": tuned, "structure": held_rows["structure"]["cost"],
+                             "best_stock": stock_name, "best_stock_cost": stock_cost,
+                             "best_stock_over_tuned": stock_cost / tuned if tuned else None},
+        "law": class_decisions(fit_rows["structure"].get("rounds_by_class", {}), token_shares(fit_turns),
+                               opts.gamma, opts.delta, opts.d),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def tuned_plan(base: DraftPlan | None, ts: TurnSet, result: dict) -> DraftPlan:
+    """The base plan (default: the default plan) with the capture's formats and tools, gamma_max at
+    the tuned gamma and `kinds` as chosen."""
+    fields = _plan_fields(ts, base, result["settings"]["model"])
+    return DraftPlan(**{**fields, "gamma_max": result["settings"]["gamma"], "kinds": result["kinds"]})

@@ -1,0 +1,249 @@
+"""`agentspec tune`: episodes and their split, the per-kind choice, the law's decision per class, the
+plan written whole or not at all, and a real replay of captured turns (tests/data) through the command."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentspec_sdk.backends.capture import CaptureWriter, read_capture
+from agentspec_sdk.cli import app
+from agentspec_sdk.drafting.plan import DraftPlan, segment_kinds
+from agentspec_sdk.errors import TuneError
+from agentspec_sdk.structure.formats import REACT
+from agentspec_sdk.tuning.choose import best_stock, choose_per_kind, composed_kinds, differences
+from agentspec_sdk.tuning.decisions import class_decisions
+from agentspec_sdk.tuning.episodes import episodes_of, split_episodes
+from agentspec_sdk.tuning.simulate import predecessors, simulate
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+# -- episodes ---------------------------------------------------------------------------------------
+
+
+def _conversations(n: int, seed: int = 0) -> list[dict]:
+    """`n` conversations of 1-4 turns each, interleaved; every other one keyed, the rest linked only
+    by their prompts (each turn's prompt extends the previous turn's prompt and output)."""
+    rng = random.Random(seed)
+    turns, open_ = [], []
+    for c in range(n):
+        open_.append([c, [1000 + c, 7], rng.randint(1, 4)])
+    while open_:
+        conv = rng.choice(open_)
+        c, prompt, left = conv
+        out = [rng.randint(10, 99) for _ in range(3)]
+        turns.append({"prompt": list(prompt), "out": out, "episode": f"e{c}" if c % 2 else None, "conv": c})
+        conv[1] = prompt + out + [5]
+        conv[2] -= 1
+        if conv[2] == 0:
+            open_.remove(conv)
+    return turns
+
+
+def _reference_predecessors(turns: list[dict]) -> list[int | None]:
+    """The replay's rule before it moved into the product (quadratic): the earlier turn with the
+    longest prompt that begins this turn's prompt."""
+    out = []
+    for j, t in enumerate(turns):
+        best = None
+        for i in range(j):
+            n = len(turns[i]["prompt"])
+            if len(t["prompt"]) > n and t["prompt"][:n] == turns[i]["prompt"] \
+                    and (best is None or n > len(turns[best]["prompt"])):
+                best = i
+        out.append(best)
+    return out
+
+
+def test_episodes_follow_the_key_else_the_prompt_they_extend():
+    turns = _conversations(12)
+    numbers = episodes_of(turns)
+    by_conv = {}
+    for t, e in zip(turns, numbers, strict=True):
+        by_conv.setdefault(t["conv"], set()).add(e)
+    assert all(len(es) == 1 for es in by_conv.values())  # one conversation, one episode
+    assert len({next(iter(es)) for es in by_conv.values()}) == 12  # and none shared
+    unkeyed = [dict(t, episode=None) for t in turns]
+    assert predecessors(unkeyed) == _reference_predecessors(unkeyed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_split_never_cuts_an_episode(seed):
+    turns = _conversations(15, seed)
+    fit, held = split_episodes(turns, 0.5, seed)
+    assert sorted(fit + held) == list(range(len(turns))) and fit and held
+    fit_convs, held_convs = {turns[i]["conv"] for i in fit}, {turns[i]["conv"] for i in held}
+    assert not fit_convs & held_convs
+    assert len(held_convs) in (7, 8)
+    assert split_episodes(turns, 0.5, seed) == (fit, held)  # a fixed seed, the same split
+
+
+def test_a_split_needs_two_episodes_and_a_share_inside_zero_one():
+    one = [{"prompt": [1], "out": [2, 3], "episode": "a"}, {"prompt": [4], "out": [5], "episode": "a"}]
+    with pytest.raises(TuneError, match="at least 2 episodes"):
+        split_episodes(one, 0.5, 0)
+    with pytest.raises(TuneError, match="--holdout must be in"):
+        split_episodes(_conversations(4), 1.0, 0)
+
+
+# -- the per-kind choice, on a replay with fake drafters ----------------------------------------------
+
+
+def _kind_turns() -> list[dict]:
+    """Turns whose outputs alternate a run of kind "x" and a run of kind "y"."""
+    rng = random.Random(3)
+    turns = []
+    for j in range(6):
+        out, kinds = [], []
+        for _ in range(3):
+            for kind in ("x", "y"):
+                n = 12
+                out += [rng.randint(100, 999) for _ in range(n)]
+                kinds += [kind] * n
+        turns.append({"prompt": [j + 1], "out": out, "kinds": kinds})
+    return turns
+
+
+def _drafter(turns: list[dict], right_in: str):
+    """A fake drafter: the next 4 true tokens where the row's next token is of kind `right_in`, 4 wrong
+    tokens elsewhere."""
+    def propose(histories):
+        drafts = []
+        for h in histories:
+            turn = next(t for t in turns if t["prompt"][0] == int(h[0]))
+            pos = len(h) - 1
+            if pos < len(turn["out"]) and turn["kinds"][pos] == right_in:
+                drafts.append(turn["out"][pos:pos + 4])
+            else:
+                drafts.append([0, 0, 0, 0])
+        return drafts
+    return propose
+
+
+def test_choose_per_kind_takes_the_cheapest_candidate_in_each_kind():
+    turns = _kind_turns()
+    rows = {name: simulate([dict(t) for t in turns], _drafter(turns, kind), batch=2, schedule="agents")
+            for name, kind in (("good-in-x", "x"), ("good-in-y", "y"))}
+    rows["off"] = simulate([dict(t) for t in turns], lambda hs: [[] for _ in hs], batch=2)
+    for row in rows.values():
+        assert set(row["by_kind"]) == {"x", "y"}
+        assert sum(c["passes"] for c in row["by_kind"].values()) == row["passes"]
+    choice = choose_per_kind(rows, delta=0.2)
+    assert choice == {"x": "good-in-x", "y": "good-in-y"}
+    # at a price that makes every drafted token dearer than a pass, drafting never pays: off everywhere
+    assert choose_per_kind(rows, delta=2.0) == {"x": "off", "y": "off"}
+    policies = {"good-in-x": {"policy": "structure"}, "good-in-y": {"policy": "trees"},
+                "off": {"policy": "off"}}
+    assert composed_kinds(choice, policies) == {"x": {"policy": "structure"}, "y": {"policy": "trees"}}
+    assert differences(choice, {"x": "good-in-x", "y": "off"}) == {"y": ("good-in-y", "off")}
+    stock = {"ngram": {"passes": 10, "drafted": 10}, "suffix": {"passes": 9, "drafted": 20}}
+    assert best_stock(stock, 0.2) == ("ngram", 12.0)
+
+
+def test_the_law_decides_per_class_from_the_replayed_rounds():
+    rounds = {"S": {"rounds": 50, "drafted": 400, "accepted": 360, "rejections": 10},
+              "F": {"rounds": 50, "drafted": 100, "accepted": 5, "rejections": 48}}
+    out = class_decisions(rounds, {"S": 600, "R": 0, "F": 400}, gamma=8, delta=0.2, d=0.0)
+    assert out["classes"]["S"]["speculate"] is True and out["classes"]["F"]["speculate"] is False
+    assert out["classes"]["R"]["speculate"] is None  # no R tokens: nothing to decide
+    assert out["classes"]["S"]["alpha"] == pytest.approx(360 / 370)
+    assert out["classes"]["R"]["alpha_assumed"]
+    mix = out["mix"]
+    assert mix["w_s"] == pytest.approx(0.6) and 0 < mix["w_s_breakeven"] < 1
+    assert mix["speculate"] == (mix["w_s"] > mix["w_s_breakeven"])
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def _capture(directory: Path, name: str, *, episode: str | None = None) -> int:
+    """tests/data's captured turns of set `name` (`<name>.capture.jsonl`) written again into `directory`,
+    every turn in `episode` where one is given."""
+    turns = read_capture([DATA / f"{name}.capture.jsonl"]).turns
+    writer = CaptureWriter(directory, writer="replay", model="SmolLM2-135M-Instruct")
+    for t in turns:
+        writer.write_turn(id=t.id, episode=episode, prompt=t.prompt, out=t.out, temperature=t.temperature,
+                          grammar=t.grammar, format=t.format, tools=t.tools, started=t.started,
+                          finished=t.finished, finish_reason=t.finish_reason)
+    writer.close()
+    return len(turns)
+
+
+def test_bad_input_writes_no_plan(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "plan.json"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "capture-1-0.jsonl").write_text('{"agentspec_capture": 99, "writer": "serve"}\n')
+    result = runner.invoke(app, ["tune", str(bad), "--out", str(out), "--jobs", "1"])
+    assert result.exit_code == 2
+    assert "capture-1-0.jsonl:1: unknown capture version 99" in result.output
+    one = tmp_path / "one"
+    _capture(one, "react", episode="one")  # every turn in one episode: nothing to hold out
+    out.write_text("previous plan")
+    result = runner.invoke(app, ["tune", str(one), "--out", str(out), "--jobs", "1"])
+    assert result.exit_code == 2 and "at least 2 episodes" in result.output
+    assert out.read_text() == "previous plan"  # the old plan is untouched
+    result = runner.invoke(app, ["tune", str(one), "--out", str(out), "--gamma", "0"])
+    assert result.exit_code == 2 and "--gamma must be in [1, 64]" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "one", "plan.json"]  # no partial file
+
+
+def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
+    """A real replay (vLLM's ngram and suffix peers, the structure drafter under each candidate policy)
+    of the 8 captured ReAct turns: the plan loads, its kinds are the ReAct format's, the held-out cost
+    and the stock drafters' are reported; the turns have no grammar, which the report says."""
+    capture = tmp_path / "capture"
+    n = _capture(capture, "react")
+    with (capture / next(p.name for p in capture.iterdir())).open("a") as fh:
+        fh.write('{"type": "turn", "id": "cut-')  # a writer killed mid-line
+    out, report = tmp_path / "plan.json", tmp_path / "report"
+    result = CliRunner().invoke(app, ["tune", str(capture), "--out", str(out), "--report", str(report),
+                                      "--jobs", "1", "--gamma", "8", "--batch", "8"])
+    assert result.exit_code == 0, result.output
+    plan = DraftPlan.load(out)
+    assert plan.kinds and set(plan.kinds) <= set(segment_kinds([REACT]))
+    assert plan.gamma_max == 8 and any(f["name"] == "react" for f in plan.formats)
+    data = json.loads((report / "report.json").read_text())
+    assert data["turns"] == n and data["episodes"]["fit"] >= 1 and data["episodes"]["held"] >= 1
+    summary = data["held_out_summary"]
+    stock = min(data["held_out"][name]["cost"] for name in ("ngram", "suffix", "suffix-tuned"))
+    assert summary["best_stock_cost"] == pytest.approx(stock)
+    tuned = data["held_out"]["structure-tuned"]["cost"]
+    assert summary["best_stock_over_tuned"] == pytest.approx(stock / tuned)
+    assert data["held_out"]["structure-tuned"]["passes"] < data["held_out"]["off"]["passes"]
+    # the plan is the per-kind composition, or one policy everywhere where that cost less on the fitting part
+    assert {k: p.model_dump(exclude_none=True) for k, p in plan.kinds.items()} == data["kinds"]
+    fit_costs = {name: row["cost"] for name, row in data["fit"].items()}
+    plans = ["structure-per-kind", "structure", "structure-wall", "structure-lookup6", "structure-no-extend",
+             "trees", "off"]
+    assert data["plan_choice"] == min(plans, key=lambda n: (fit_costs[n], plans.index(n)))
+    if data["plan_choice"] == "structure-per-kind":
+        assert set(data["kinds"]) == set(data["choice"])
+    notes = " ".join(data["notes"])
+    assert "truncated last line skipped" in notes
+    assert f"{n} of {n} turns have no grammar: replayed untrimmed" in notes
+    assert "cannot be fitted" in notes
+    md = (report / "report.md").read_text()
+    assert "best stock ÷ structure-tuned" in md and "speculate" in md
+    assert (report / "kind_costs.png").stat().st_size > 1000
+    assert set(data["law"]["classes"]) == {"S", "R", "F"}
+
+
+def test_a_turn_of_an_unknown_format_is_named(tmp_path):
+    capture = tmp_path / "capture"
+    writer = CaptureWriter(capture, writer="replay", model="SmolLM2-135M-Instruct")
+    for j in range(2):
+        writer.write_turn(id=str(j), episode=str(j), prompt=[1, 2], out=[3, 4, 5], temperature=0.0,
+                          grammar=None, format="my_agent", tools=None, started=None, finished=None,
+                          finish_reason="stop")
+    writer.close()
+    result = CliRunner().invoke(app, ["tune", str(capture), "--out", str(tmp_path / "plan.json")])
+    assert result.exit_code == 2
+    assert ".jsonl:2: unknown agent format 'my_agent'" in result.output and "--base-plan" in result.output
+    assert not (tmp_path / "plan.json").exists()
