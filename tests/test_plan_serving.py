@@ -121,3 +121,93 @@ def test_peer_table_compares_structure_tuned_like_structure():
     assert rows["structure-tuned"]["best_stock_by_cost"] == "suffix"
     assert rows["structure-tuned"]["cost_vs_best_stock"] == pytest.approx(90 / 80)
     assert rows["structure"]["cost_vs_best_stock"] == pytest.approx(90 / 85)
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}]
+
+
+def _plain_agent(client, model: str, episode: str, city: str) -> None:
+    """Two turns of a plain OpenAI client's agent: a tool call, its result, the answer."""
+    messages = [{"role": "user", "content": f"What is the weather in {city}? Use the tool."}]
+    first = client.chat.completions.create(model=model, messages=messages, tools=WEATHER,
+                                           tool_choice="required", max_tokens=48, temperature=0, user=episode)
+    call = first.choices[0].message.tool_calls[0]
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": f"21 degrees in {city}"}]
+    client.chat.completions.create(model=model, messages=messages, tools=WEATHER, max_tokens=32,
+                                   temperature=0, user=episode)
+
+
+@pytest.mark.server
+def test_the_loop_capture_tune_serve_on_a_real_server(served, tmp_path):
+    """`agentspec serve --capture` (the session's server) with a plain OpenAI client's agents, `agentspec
+    tune` on that capture, then `agentspec serve --plan` with the result: the new server serves the
+    tuned plan (its kinds, its digest on /metrics) and answers a plain client's tool call valid for its
+    schema."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import jsonschema
+    import openai
+    from conftest import _free_port
+    from typer.testing import CliRunner
+
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import plan_identity
+    from agentspec_sdk.backends.serving.server import http_ok
+    from agentspec_sdk.cli import app
+
+    proc, work = served
+    client = openai.OpenAI(base_url=proc.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    for i, city in enumerate(["Paris", "Oslo", "Lima", "Cairo"]):
+        _plain_agent(client, model, f"loop-{i}", city)
+    tuned, report = tmp_path / "tuned.json", tmp_path / "report"
+    result = CliRunner().invoke(app, ["tune", str(work / "capture"), "--out", str(tuned), "--report",
+                                      str(report), "--gamma", "4", "--batch", "8", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    kinds = DraftPlan.load(tuned).kinds
+    assert json.loads((report / "report.json").read_text())["held_out_summary"]["best_stock_over_tuned"] > 0
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(WEATHER))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "agentspec_sdk.cli", "serve", "--plan", str(tuned), "--port", str(port),
+           "--tools", str(tools), "--formats", "tool_calls", "--gamma-max", "4", "--max-model-len", "2048",
+           "--", "--enforce-eager"]
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")}
+    (tmp_path / "prom").mkdir()
+    with (tmp_path / "serve.log").open("w") as log:
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while not http_ok(base + "/health"):
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the tuned server did not come up"
+            time.sleep(2)
+        served_plan = DraftPlan.load(tuned)  # the same file, this server's formats and tools added
+        assert served_plan.kinds == kinds
+        tuned_client = openai.OpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
+        answer = tuned_client.chat.completions.create(
+            model=tuned_client.models.list().data[0].id, tools=WEATHER, tool_choice="required",
+            max_tokens=48, messages=[{"role": "user", "content": "What is the weather in Rome?"}],
+            temperature=0, user="after")
+        call = answer.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER[0]["function"]["parameters"])
+        import urllib.request
+
+        identity = plan_identity(urllib.request.urlopen(base + "/metrics", timeout=10).read().decode())
+        assert identity is not None and identity["digest"] == f"{served_plan.digest():012x}"
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
