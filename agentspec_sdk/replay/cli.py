@@ -214,8 +214,12 @@ def demo(out: OUT = Path("agentspec-demo"),
          formats: Annotated[str, typer.Option("--formats", help="agent formats replayed, one arm each: "
                                               "tool_calls (D), react (D-react), code_agent (D-code)")]
          = "tool_calls,react,code_agent",
-         capture: CAPTURE = None, tuned_plan: TUNED_PLAN = None, eager: EAGER = True, model: MODEL = None,
-         seed: SEED = 0, show_engine_log: SHOW_ENGINE_LOG = False) -> None:
+         capture: CAPTURE = None, tuned_plan: TUNED_PLAN = None,
+         suffix_tuned: Annotated[str | None, typer.Option(
+             "--suffix-tuned", help="max_spec_factor,min_token_prob: adds the mode suffix-tuned (vLLM's "
+                                    "suffix with these knobs, e.g. `agentspec tune`'s)")] = None,
+         eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
+         show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay the bundled agent traces (JSON tool calls, ReAct, a code agent) with speculation off /
     structure / ngram / suffix and report per format."""
     from agentspec_sdk.replay.arms import build_arm, format_arms
@@ -225,6 +229,8 @@ def demo(out: OUT = Path("agentspec-demo"),
         mode_list = _with_tuned(_csv(modes) if modes else (["off", "structure", "suffix"] if quick
                                                            else ["off", "structure", "ngram", "suffix"]),
                                 tuned_plan)
+        if suffix_tuned is not None and "suffix-tuned" not in mode_list:
+            mode_list.append("suffix-tuned")
         # --traces replaces the bundled traces: one arm in that file's own format
         agent_arms = ["D"] if traces else format_arms(_csv(formats))
         arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a],
@@ -239,6 +245,7 @@ def demo(out: OUT = Path("agentspec-demo"),
                     entropies=entropies,
                     entropy_tokens=QUICK_ENTROPY_TOKENS if quick else DEMO_ENTROPY_TOKENS,
                     capture=_capture_dir(capture, mode_list), tuned_plan=tuned_plan,
+                    **({"suffix_tuned": _suffix_knobs(suffix_tuned)} if suffix_tuned else {}),
                     meta={"command": "demo" + (" --quick" if quick else ""),
                           "traces": str(traces or "bundled"), **_capture_meta(capture)})
         # per agent-format arm: structure against off and the stock drafters
