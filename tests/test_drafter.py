@@ -524,23 +524,41 @@ def test_the_lab_switches_reach_the_proposer_through_their_own_file_only(tmp_pat
         AgentSpecProposer(config)
 
 
-@pytest.mark.engine
-def test_a_bench_ablation_mode_runs_in_the_engine_with_its_lab_switches():
-    """`agentspec bench`'s mode structure-no-budget in real vLLM: the engine's proposer runs with the
-    mode's switches (budget off), drafts, and the plan file the engine wrote holds no switch."""
-    from agentspec_sdk.backends.embedded.vllm_engine import Engine
-    from agentspec_sdk.backends.types import TurnRequest
-    from agentspec_sdk.bfcl import tool_call_prompts
-    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_FIELDS
-    from agentspec_sdk.replay.arms import engine_kwargs
+ABLATION_CHILD = """
+import json, sys
+from agentspec_sdk.backends.embedded.vllm_engine import Engine
+from agentspec_sdk.backends.types import TurnRequest
+from agentspec_sdk.bfcl import tool_call_prompts
+from agentspec_sdk.replay.arms import engine_kwargs
 
+if __name__ == "__main__":
     settings = engine_kwargs("structure-no-budget", 8)
     with Engine(max_model_len=2048, kv_cache_gb=1.0, seed=0, **settings) as engine:
         drafter = engine.proposer().drafter
         results = engine.generate([TurnRequest(messages=p.messages, tools=p.tools, tool_choice="call",
                                                max_tokens=48, request_id=p.id) for p in tool_call_prompts(3)])
-        assert drafter.lab == ABLATIONS["no_budget"] and not drafter.lab.budget
-        assert not set(LAB_FIELDS) & set(json.loads(engine.plan_path.read_text()))
-        assert all(r.token_ids for r in results)
-        assert sum(c["drafted"] for c in drafter.stats()["by_class"].values()) > 0
-        assert drafter.stats()["errors"] == 0
+        stats = drafter.stats()
+        print(json.dumps({"lab": drafter.lab.model_dump(), "plan": json.loads(engine.plan_path.read_text()),
+                          "tokens": [len(r.token_ids) for r in results], "errors": stats["errors"],
+                          "drafted": sum(c["drafted"] for c in stats["by_class"].values())}))
+"""
+
+
+@pytest.mark.engine
+def test_a_bench_ablation_mode_runs_in_the_engine_with_its_lab_switches(tmp_path):
+    """`agentspec bench`'s mode structure-no-budget in real vLLM: the engine's proposer runs with the
+    mode's switches (budget off), drafts, and the plan file the engine wrote holds no switch. In a process
+    of its own: closing a third in-process engine would take vLLM's parallel state from the session's."""
+    import subprocess
+    import sys
+
+    from agentspec_sdk.drafting.lab import ABLATIONS, LAB_FIELDS
+
+    script = tmp_path / "ablation_child.py"
+    script.write_text(ABLATION_CHILD)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["lab"] == ABLATIONS["no_budget"].model_dump() and not got["lab"]["budget"]
+    assert not set(LAB_FIELDS) & set(got["plan"])
+    assert all(got["tokens"]) and got["drafted"] > 0 and got["errors"] == 0

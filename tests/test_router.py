@@ -228,6 +228,7 @@ def test_plain_client_and_remote_engine_get_valid_tool_calls_through_the_router(
 
     from agentspec_sdk.backends.remote.openai_backend import RemoteEngine
     from agentspec_sdk.backends.types import TurnRequest
+    from agentspec_sdk.structure.formats import get_format
     from agentspec_sdk.structure.turns import parse_calls
 
     replicas, _ = deployment
@@ -247,7 +248,7 @@ def test_plain_client_and_remote_engine_get_valid_tool_calls_through_the_router(
         stats = eng.stats()
     assert res.error is None, res.error
     print(f"RemoteEngine through the router: {res.text!r}")
-    _check_calls([(c.name, c.arguments) for c in parse_calls("tool_calls", res.text)])
+    _check_calls([(c.name, c.arguments) for c in parse_calls(get_format("tool_calls"), res.text)])
     assert res.spec["num_draft_tokens"] > 0
     assert stats["proposer"]["steps"] > 0  # the proposer's counters, summed over both replicas' /metrics
 
