@@ -978,3 +978,61 @@ def test_remote_prompts_equal_the_embedded_engines(tmp_path, served_template):
         text = prompt_text(tok, history, get_format(fmt), registry, own)
         assert res.prompt_token_ids == tok(text, add_special_tokens=False)["input_ids"], fmt
     assert own.renders_tools("auto") == (served_template == "hermes")
+
+
+@pytest.mark.server
+def test_data_parallel_two_engine_cores_each_load_the_plan_and_count_each_draft_once(tmp_path):
+    """`agentspec serve -- --data-parallel-size 2`: one API server, two engine cores, each with its own
+    proposer on the same plan. Concurrent plain OpenAI requests get tool calls valid for their schemas,
+    both engine cores draft, and /metrics counts each accepted draft token once: our per-class counters
+    summed equal vLLM's counter summed over its two engines."""
+    import concurrent.futures
+
+    from agentspec_sdk.backends.inside_vllm.tool_prompt import write_chat_template
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.backends.serving.serve_cli import write_plan
+
+    (tmp_path / "tools.json").write_text(json.dumps(TWO_TOOLS))
+    model = resolve_model()
+    plan = write_plan(model, tmp_path / "plan.json", tools_file=tmp_path / "tools.json", formats="tool_calls",
+                      gamma_max=4)
+    template = write_chat_template(model, "tool_calls", tmp_path / "chat-template.jinja")
+    spec = ServerSpec(model=model, port=_free_port(), gamma_max=4, plan_path=plan, max_model_len=2048,
+                      extra_args=["--enforce-eager", "--data-parallel-size", "2"],
+                      metrics_dir=tmp_path / "prom", chat_template=template)
+    proc = ServerProcess(spec, log_path=tmp_path / "server.log").start()
+    try:
+        proc.wait_ready(timeout=600)
+        client, model_name = _openai(proc)
+        cities = ["Paris", "Lima", "Oslo", "Cairo", "Perth", "Delhi", "Quito", "Rome"]
+
+        def ask(city: str):
+            return client.chat.completions.create(
+                model=model_name, messages=_question(city), tools=TWO_TOOLS, tool_choice="required",
+                max_tokens=48, temperature=0, parallel_tool_calls=False)
+
+        with concurrent.futures.ThreadPoolExecutor(len(cities)) as pool:
+            responses = list(pool.map(ask, cities))
+        for resp in responses:
+            calls = resp.choices[0].message.tool_calls
+            assert calls, resp
+            _check_calls([{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                          for c in calls])
+        text = __import__("httpx").get(proc.base_url + "/metrics", timeout=10).text
+    finally:
+        proc.stop()
+    from agentspec_sdk.backends.inside_vllm.prom_metrics import parse_agentspec
+
+    per_engine: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        for counter in ("num_draft_tokens", "num_accepted_tokens"):
+            if line.startswith(f"vllm:spec_decode_{counter}_total{{"):
+                engine = line.split('engine="', 1)[1].split('"', 1)[0]
+                per_engine.setdefault(engine, {})[counter] = float(line.rsplit(" ", 1)[1])
+    ours = parse_agentspec(text)
+    accepted = sum(_class_totals(ours, "accepted").values())
+    drafted = sum(_class_totals(ours, "draft").values())
+    print(f"data parallel 2: vLLM per engine {per_engine}; ours accepted {accepted} drafted {drafted}")
+    assert sorted(per_engine) == ["0", "1"]
+    assert all(counts["num_draft_tokens"] > 0 for counts in per_engine.values())  # both cores drafted
+    assert accepted == sum(counts["num_accepted_tokens"] for counts in per_engine.values()) > 0
