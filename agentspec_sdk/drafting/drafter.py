@@ -130,7 +130,7 @@ class StructureDrafter:
         self.rows.reset(RowContext(self.trees, self.token_bytes, self.turn_start, self.turn_end,
                                    self.pick_format))
         rules = plan.kind_rules()
-        self.policies = {name: rule.policy for name, rule in rules.items()}
+        self.policies = {key: rule.policy for key, rule in rules.items()}  # by (format, kind)
         self.default_policy = plan.kind_rule("").policy  # a kind no format of the plan names
         # where a kind sends vLLM's suffix draft, the trees are fed as vLLM's proposer feeds them: a new
         # row's tokens sampled in its step enter as its response
@@ -255,13 +255,13 @@ class StructureDrafter:
                     accepted += self._resolve(st, ids, row.sampled)
                     st.advance(ids)
                 kind = kinds[i] = st.seg.kind
-                policy = self.policies.get(kind, self.default_policy)
+                policy = self.policies.get((st.fmt.name, kind), self.default_policy)
                 if policy != "structure":
                     st.contest = None
                     if policy == "trees" and self.tree is not None:
                         room = self.gamma if self.max_model_len is None else \
                             min(self.gamma, self.max_model_len - st.n - 1)
-                        cand = self.tree.vllm_draft(st, self.setup.rule(kind), room)
+                        cand = self.tree.vllm_draft(st, self.setup.rule(kind, st.fmt.name), room)
                         if cand is not None:
                             direct[i] = cand
                     continue

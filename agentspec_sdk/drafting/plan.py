@@ -95,8 +95,8 @@ class DraftPlan(BaseModel):
     # the trees' draft at this larger spec factor, its tokens past the factor-1 draft a source of their
     # own ("extend"); None: none
     suffix_extend_factor: float | None = Field(2.0, gt=0)
-    # per segment kind (a kind name of the plan's formats, or "*": every kind not named); absent:
-    # "structure" everywhere
+    # per segment kind: "<format>.<kind>" (that format's kind), "<kind>" (the kind in every format
+    # naming it) or "*" (every kind not named), the most specific key applying; absent: "structure"
     kinds: dict[str, KindPolicy] = Field(default_factory=dict)
     version: int = Field(0, ge=0)
 
@@ -166,10 +166,20 @@ class DraftPlan(BaseModel):
         except AgentSpecError as exc:
             raise ValueError(str(exc)) from None
         known = segment_kinds(formats)
+        by_format = {f.name: f.kind_names for f in formats}
         for key in self.kinds:
-            if key != ALL_KINDS and key not in known:
+            if key == ALL_KINDS or key in known:
+                continue
+            owner = next((f for f in by_format if key.startswith(f"{f}.")), None)
+            if owner is None and "." in key:
+                raise ValueError(f"kinds.{key}: the plan has no format {key.split('.')[0]!r}; its formats: "
+                                 f"{list(by_format)}")
+            if owner is None:
                 raise ValueError(f"kinds.{key}: no segment kind of the plan's formats is named {key!r}; "
-                                 f"known: {[ALL_KINDS, *known]}")
+                                 f"known: {[ALL_KINDS, *known]} (or '<format>.<kind>')")
+            if key[len(owner) + 1:] not in by_format[owner]:
+                raise ValueError(f"kinds.{key}: format {owner!r} has no segment kind "
+                                 f"{key[len(owner) + 1:]!r}; its kinds: {list(by_format[owner])}")
         return self
 
     # -- derived objects ----------------------------------------------------------------------
@@ -183,19 +193,23 @@ class DraftPlan(BaseModel):
     def effective_step_budget(self) -> int | None:
         return self.step_budget
 
-    def kind_rules(self) -> dict[str, KindRule]:
-        """Every segment kind of the plan's formats -> its resolved rule (policy and knobs)."""
-        out: dict[str, KindRule] = {}
-        for fmt in self.agent_formats():
-            for kind in fmt.kinds:
-                if kind.name not in out:
-                    out[kind.name] = self.kind_rule(kind.name, kind.content == "code")
-        return out
+    def kind_rules(self) -> dict[tuple[str, str], KindRule]:
+        """(format name, segment kind name) of every kind of the plan's formats -> its resolved rule
+        (policy and knobs)."""
+        return {(fmt.name, kind.name): self.kind_rule(kind.name, kind.content == "code", fmt.name)
+                for fmt in self.agent_formats() for kind in fmt.kinds}
 
-    def kind_rule(self, kind: str, code: bool = False) -> KindRule:
-        """Segment kind `kind`'s rule: its policy (or "*"'s) with each knob it leaves None the plan's
-        (`code`: a kind of content "code", whose lookups take `lookup_min_chars_code`)."""
-        pol = self.kinds.get(kind) or self.kinds.get(ALL_KINDS) or KindPolicy()
+    def kind_policy(self, kind: str, fmt: str | None = None) -> KindPolicy:
+        """The policy `kinds` gives segment kind `kind` of format `fmt`, most specific key first:
+        "<fmt>.<kind>", then "<kind>", then "*"; none of them: structure with the plan's knobs."""
+        kinds = self.kinds
+        return ((kinds.get(f"{fmt}.{kind}") if fmt is not None else None) or kinds.get(kind)
+                or kinds.get(ALL_KINDS) or KindPolicy())
+
+    def kind_rule(self, kind: str, code: bool = False, fmt: str | None = None) -> KindRule:
+        """Segment kind `kind`'s rule (of format `fmt`: `kind_policy`) with each knob it leaves None
+        the plan's (`code`: a kind of content "code", whose lookups take `lookup_min_chars_code`)."""
+        pol = self.kind_policy(kind, fmt)
         min_chars = self.lookup_min_chars_code if code else self.lookup_min_chars
         extend = self.suffix_extend_factor if pol.extend_factor is None else pol.extend_factor
         return KindRule(policy=pol.policy, boundary=pol.boundary or self.boundary,
