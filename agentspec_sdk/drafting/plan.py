@@ -4,9 +4,9 @@ policy per segment kind. A deployment's settings only: the bench's ablation swit
 
 It is a JSON file whose path is in the environment variable AGENTSPEC_PLAN, so it also reaches a
 separately started `vllm serve`. The engine rewrites it when tools are registered after start; the
-drafter notices through `PlanWatcher` (mtime checked at most every `poll_s`). The fields are checked
-by pydantic; a bad value raises `PlanError` naming the file and the key path. docs/drafting.md says
-why each default is what it is.
+drafter notices through `PlanWatcher` (the file's bytes compared at most every `poll_s`). The fields
+are checked by pydantic; a bad value raises `PlanError` naming the file and the key path.
+docs/drafting.md says why each default is what it is.
 """
 
 from __future__ import annotations
@@ -293,14 +293,19 @@ class DraftPlan(BaseModel):
     @classmethod
     def load(cls, path: str | os.PathLike) -> DraftPlan:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            data = Path(path).read_bytes()
         except OSError as exc:
             raise PlanError(f"cannot read plan file {path}: {exc}") from None
+        return cls.parse(data, str(path))
+
+    @classmethod
+    def parse(cls, data: bytes, path: str) -> DraftPlan:
+        """The plan in a plan file's bytes (`path`: what an error names)."""
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            content = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PlanError(f"plan file {path} is not valid JSON: {exc}") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(content, source=path)
 
     @classmethod
     def from_env(cls) -> DraftPlan:
@@ -333,14 +338,28 @@ def _describe(exc: ValidationError, source: str) -> str:
 
 
 class PlanWatcher:
-    """Reloads a plan file when its mtime changes; checks at most every `poll_s` seconds."""
+    """Reloads a plan file when its content changes; checks at most every `poll_s` seconds.
+
+    A change is noticed by the file's bytes (a digest), not its mtime: two writes within one tick of
+    the file system's clock (a client adding a tool right after an operator's edit) leave one mtime
+    and possibly one size, and the second would otherwise stay unseen until the next write."""
 
     def __init__(self, path: str | os.PathLike, poll_s: float = 0.5):
         self.path = Path(path)
         self.poll_s = poll_s
-        self._mtime = self.path.stat().st_mtime_ns
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise PlanError(f"cannot read plan file {path}: {exc}") from None
+        self._digest = _digest(data)
         self._next = time.monotonic() + poll_s
-        self.plan = DraftPlan.load(self.path)
+        self.plan = DraftPlan.parse(data, str(self.path))
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
 
     def poll(self) -> DraftPlan | None:
         """The new plan if the file changed since the last load, else None. A bad file keeps the old."""
@@ -348,16 +367,22 @@ class PlanWatcher:
         if now < self._next:
             return None
         self._next = now + self.poll_s
-        try:
-            mtime = self.path.stat().st_mtime_ns
-        except OSError:
+        data = self._read()
+        if data is None:
             return None
-        if mtime == self._mtime:
+        digest = _digest(data)
+        if digest == self._digest:
             return None
-        self._mtime = mtime
+        self._digest = digest  # a bad file is parsed once, not at every poll
         try:
-            plan = DraftPlan.load(self.path)
+            plan = DraftPlan.parse(data, str(self.path))
         except PlanError:
             return None
         self.plan = plan
         return plan
+
+
+def _digest(data: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=16).digest()
