@@ -213,6 +213,35 @@ def test_the_drafter_applies_the_policy_of_the_rows_format(offline):
     assert call_reasoning and not any(call_reasoning)
 
 
+def test_a_begun_open_marker_takes_the_policy_of_the_kind_it_opens():
+    """The model has written "<tool_" at the end of its reasoning: the held-back text already belongs
+    to the tool call (the structure drafter completes the marker and drafts the call), so the row
+    drafts under the tool call's policy and its draft is attributed to the tool call."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.rows import RowInput
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Weather in Lima?"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) + "I will look.\n<tool_"
+    ids = np.asarray(tok.encode(text, add_special_tokens=False))
+
+    def step(kinds: dict) -> tuple[list[int], list]:
+        drafter = StructureDrafter(DraftPlan(formats=[TOOL_CALLS], kinds=kinds, learn_delta=False), tok)
+        draft = drafter.propose([RowInput(ids)])[0]
+        assert drafter.rows.states[0].seg.kind == "reasoning" and drafter.rows.states[0].seg.pending
+        return draft, drafter.last_kinds
+
+    draft, kinds = step({"tool_call": {"policy": "off"}})
+    assert draft == [] and kinds == ["tool_call"]
+    draft, kinds = step({"reasoning": {"policy": "off"}})
+    assert tok.decode(draft).startswith("call>") and kinds == ["tool_call"]
+
+
 def _compare_rows(offline, data: dict, batch: int, kinds: dict) -> list[tuple[str, str | None, list, list]]:
     """`_compare` with the format of each row's turn: (format, kind, the drafter's draft, suffix's)."""
     structure = offline.structure_drafter(GAMMA, data["tools"], finished_first=True, kinds=kinds)

@@ -103,19 +103,7 @@ class OwnSource:
         return (Candidate(tokens, sources, kind.name, law_class) if tokens else None), None
 
     def _opening(self, st: RowState):
-        """(kind, marker) when the text held back by the segmenter begins the open marker of a
-        model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
-        belongs to the new segment, so drafting the rest of the marker stays inside it."""
-        held = st.seg.pending
-        if not held:
-            return None
-        for kind in st.fmt.kinds:
-            if kind.writer != "model" or kind.law_class is not LawClass.S or not kind.delimited:
-                continue
-            for marker in kind.open:
-                if marker.startswith(held) and marker != held:
-                    return kind, marker
-        return None
+        return opening_of(st)
 
     def _opening_candidate(self, st: RowState, kind, marker: str) -> Candidate | None:
         rest = marker[len(st.seg.pending):]
@@ -314,6 +302,22 @@ class TreeSource:
             return None
         kind = st.fmt.kind(st.seg.kind)
         return Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
+
+
+def opening_of(st: RowState):
+    """(kind, marker) when the text held back by the segmenter begins the open marker of a
+    model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
+    belongs to the new segment, so drafting the rest of the marker stays inside it."""
+    held = st.seg.pending
+    if not held:
+        return None
+    for kind in st.fmt.kinds:
+        if kind.writer != "model" or kind.law_class is not LawClass.S or not kind.delimited:
+            continue
+        for marker in kind.open:
+            if marker.startswith(held) and marker != held:
+                return kind, marker
+    return None
 
 
 def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentspec_sdk.drafting.budget import TokenRate
-from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource
+from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource, opening_of
 from agentspec_sdk.drafting.choice import ChoiceBias, RowChoice
 from agentspec_sdk.drafting.grammars import CallGrammars
 from agentspec_sdk.drafting.lab import LabSwitches
@@ -254,7 +254,7 @@ class StructureDrafter:
                 else:
                     accepted += self._resolve(st, ids, row.sampled)
                     st.advance(ids)
-                kind = kinds[i] = st.seg.kind
+                kind = kinds[i] = self._policy_kind(st)
                 policy = self.policies.get((st.fmt.name, kind), self.default_policy)
                 if policy != "structure":
                     st.contest = None
@@ -273,6 +273,16 @@ class StructureDrafter:
                 self._failed(f"row {i}")
         self.last_kinds = kinds
         return candidates, errors, accepted, notes, direct
+
+    def _policy_kind(self, st: RowState) -> str:
+        """The segment kind whose policy governs the row's draft: the kind it is in, or the structured
+        kind whose open marker the model has begun (the held-back text already belongs to it)."""
+        kind = st.seg.kind
+        if st.seg.pending and self.lab.isolation and not st.fmt.kind(kind).delimited:
+            opening = opening_of(st)
+            if opening is not None:
+                return opening[0].name
+        return kind
 
     def _row_candidate(self, i: int, st: RowState, price: float, note: dict | None) -> Candidate | None:
         """Batch row `i`'s candidate at its `price` (the hook a subclass overrides to weigh another
