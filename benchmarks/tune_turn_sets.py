@@ -78,6 +78,8 @@ def main() -> None:
                     help="also the bound: each kind's cheapest policy chosen on the held-out part itself")
     ap.add_argument("--clear-win-se", type=float, default=CLEAR_WIN_SE,
                     help="the clear-win rule's constant (agentspec_sdk/tuning/choose.py)")
+    ap.add_argument("--kind-default", default="class", choices=("class", "trees"),
+                    help="the policy a kind keeps unless another clearly wins (TuneOptions.kind_default)")
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
     results = []
@@ -96,7 +98,8 @@ def main() -> None:
                     began = time.perf_counter()
                     r = tune(ts, TuneOptions(gamma=gamma, batch=batch, delta=args.delta, jobs=args.jobs,
                                              model=resolve_model(None), oracle=args.oracle,
-                                             clear_win_se=args.clear_win_se), base)
+                                             clear_win_se=args.clear_win_se,
+                                             kind_default=args.kind_default), base)
                     h, o = r["held_out_summary"], r["held_out_oracle"]
                     bound = f"{o['best_stock_over_oracle']:.3f} ({o['plan']})" if o else "–"
                     name = Path(path).name.split(".")[0]

@@ -14,7 +14,7 @@ from agentspec_sdk.backends.capture import CaptureWriter, read_capture
 from agentspec_sdk.cli import app
 from agentspec_sdk.drafting.plan import DraftPlan, segment_kinds
 from agentspec_sdk.errors import TuneError
-from agentspec_sdk.structure.formats import REACT
+from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 from agentspec_sdk.tuning.choose import (
     best_stock,
     choose_clear_wins,
@@ -27,6 +27,7 @@ from agentspec_sdk.tuning.choose import (
 from agentspec_sdk.tuning.decisions import class_decisions
 from agentspec_sdk.tuning.episodes import episodes_of, split_episodes
 from agentspec_sdk.tuning.simulate import predecessors, simulate
+from agentspec_sdk.tuning.tuner import kind_defaults
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -190,6 +191,21 @@ def test_the_clear_win_rule_keeps_trees_unless_another_policy_saves_beyond_its_s
     assert choose_clear_wins(one, 0.2)[0] == {"x": "trees", "y": "trees"}
 
 
+def test_kind_defaults_follow_the_law_class():
+    fields = {"formats": [TOOL_CALLS.to_dict(), CODE_AGENT.to_dict()]}
+    by_class = kind_defaults(fields, qualified=True, rule="class")
+    assert by_class["tool_calls.tool_call"] == "structure"
+    assert by_class["tool_calls.reasoning"] == by_class["code_agent.reasoning"] == "trees"
+    assert by_class["code_agent.code"] == "trees"
+    assert kind_defaults(fields, qualified=False, rule="class")["tool_call"] == "structure"
+    assert kind_defaults(fields, qualified=False, rule="trees") == "trees"
+    # in x trees is no clear win over the default structure (it saves 1 in one episode, loses 1 in
+    # the other); in y, by default trees, structure loses
+    rows = {"trees": _episode_row({"x": [5, 7], "y": [5, 5]}),
+            "structure": _episode_row({"x": [6, 6], "y": [6, 6]})}
+    assert choose_clear_wins(rows, 0.2, {"x": "structure"})[0] == {"x": "structure", "y": "trees"}
+
+
 def test_simulate_counts_per_turn_add_up_to_the_totals():
     turns = _kind_turns()
     row = simulate([dict(t) for t in turns], _drafter(turns, "x"), batch=2, schedule="agents", per_turn=True)
@@ -278,7 +294,9 @@ def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
     assert set(data["choice_why"]) == set(data["choice"])
     for kind, why in data["choice_why"].items():
         wins = [n for n, t in why["tests"].items() if t["saving"] > max(0.0, t["se"])]
-        assert (why["chosen"] in wins) if wins else why["chosen"] == "trees", (kind, why)
+        assert (why["chosen"] in wins) if wins else why["chosen"] == why["default"], (kind, why)
+        # the default: the structure drafter in kinds of law class S, the peer's draft elsewhere
+        assert why["default"] == ("structure" if kind in ("action", "action_input") else "trees")
     if data["plan_choice"] == "structure-per-kind":
         assert set(data["kinds"]) == set(data["choice"]) | {"*"}
         assert data["kinds"]["*"]["policy"] == "trees"

@@ -2,10 +2,11 @@
 
 Two rules. `choose_per_kind`: in each kind, the candidate policy of least cost (passes + delta *
 drafted of the passes whose draft began in that kind). `choose_clear_wins` (the one `agentspec tune`
-writes plans by): in each kind the peer's own draft (`trees`, token-identical to vLLM's suffix
-proposer at its tuned knobs) unless another policy clearly wins, that is, its paired per-episode
-saving over trees in that kind has a mean above CLEAR_WIN_SE standard errors of that mean
-(`paired_saving`); among the clear winners the largest mean saving. docs/tuning.md says why.
+writes plans by): in each kind its default (the peer's own draft, `trees`, token-identical to vLLM's
+suffix proposer at its tuned knobs; `agentspec tune` makes it `structure` in schema kinds) unless
+another policy clearly wins, that is, its paired per-episode saving over the default in that kind
+has a mean above CLEAR_WIN_SE standard errors of that mean (`paired_saving`); among the clear winners
+the largest mean saving. docs/tuning.md says why.
 """
 
 from __future__ import annotations
@@ -111,17 +112,23 @@ def clear_winner(base_name: str, rows: Mapping[str, Mapping], delta: float, kind
     return chosen, {"default": base_name, "z": z, "tests": tests, "chosen": chosen, "reason": reason}
 
 
-def choose_clear_wins(rows: Mapping[str, Mapping], delta: float, default: str = DEFAULT_POLICY,
+def choose_clear_wins(rows: Mapping[str, Mapping], delta: float,
+                      default: str | Mapping[str, str] = DEFAULT_POLICY,
                       z: float = CLEAR_WIN_SE) -> tuple[dict[str, str], dict[str, dict]]:
-    """({kind: chosen candidate}, {kind: why}) by the clear-win rule (the module doc); a kind the
-    default candidate never drafted in is chosen by least cost (`choose_per_kind`), said so."""
+    """({kind: chosen candidate}, {kind: why}) by the clear-win rule (the module doc); `default`: the
+    candidate a kind keeps unless another clearly wins, one for all kinds or per kind (a kind not in
+    the mapping: DEFAULT_POLICY). A kind the default candidate never drafted in is chosen by least
+    cost (`choose_per_kind`), said so."""
     least = choose_per_kind(rows, delta)
     choice, why = {}, {}
     for kind in kind_costs(rows, delta):
-        if kind not in rows[default].get("by_kind", {}):
-            choice[kind] = least[kind]
-            why[kind] = {"default": default, "z": z, "tests": {}, "chosen": least[kind],
-                         "reason": f"{default} never reached this kind: least cost"}
-            continue
-        choice[kind], why[kind] = clear_winner(default, rows, delta, kind, z)
+        default_of = default if isinstance(default, str) else default.get(kind, DEFAULT_POLICY)
+        choice[kind], why[kind] = _clear_in_kind(rows, delta, kind, default_of, z, least)
     return choice, why
+
+
+def _clear_in_kind(rows, delta, kind, default, z, least) -> tuple[str, dict]:
+    if kind not in rows[default].get("by_kind", {}):
+        return least[kind], {"default": default, "z": z, "tests": {}, "chosen": least[kind],
+                             "reason": f"{default} never reached this kind: least cost"}
+    return clear_winner(default, rows, delta, kind, z)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import TuneError
+from agentspec_sdk.structure.formats import AgentFormat, LawClass
 from agentspec_sdk.tuning.candidates import Candidate, kind_candidates, stock_candidates, suffix_grid
 from agentspec_sdk.tuning.choose import (
     CLEAR_WIN_SE,
@@ -29,10 +30,11 @@ from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
 
-__all__ = ["AUTO_JOBS_TOKENS", "MAX_AUTO_JOBS", "ORACLE", "PER_KIND", "PRICE_NOTE", "TuneOptions", "tune",
-           "tuned_plan"]
+__all__ = ["AUTO_JOBS_TOKENS", "KIND_DEFAULTS", "MAX_AUTO_JOBS", "ORACLE", "PER_KIND", "PRICE_NOTE",
+           "TuneOptions", "kind_defaults", "tune", "tuned_plan"]
 
 PER_KIND = "structure-per-kind"  # the plan composed of each kind's chosen policy
+KIND_DEFAULTS = ("class", "trees")  # TuneOptions.kind_default
 ORACLE = "oracle-per-kind"  # each kind's cheapest policy on the held-out part, replayed there (the bound)
 # `jobs` 0: one process below this many output tokens (a worker's start, importing vLLM for the ngram
 # peer, costs more than such a capture's replays), else up to MAX_AUTO_JOBS
@@ -57,6 +59,9 @@ class TuneOptions:
     # also replay the bound: each kind's cheapest policy chosen on the held-out part itself
     oracle: bool = False
     clear_win_se: float = CLEAR_WIN_SE  # the clear-win rule's constant (choose.py)
+    # the policy a kind keeps unless another clearly wins: "trees" in every kind, or "class": the
+    # structure drafter's defaults in kinds of law class S (schema), trees elsewhere
+    kind_default: str = "class"
 
     def check(self) -> None:
         if not 1 <= self.gamma <= 64:
@@ -71,6 +76,8 @@ class TuneOptions:
             raise TuneError(f"--d must be >= 0, got {self.d}")
         if self.clear_win_se < 0:
             raise TuneError(f"--clear-win-se must be >= 0, got {self.clear_win_se}")
+        if self.kind_default not in KIND_DEFAULTS:
+            raise TuneError(f"--kind-default must be one of {KIND_DEFAULTS}, got {self.kind_default!r}")
 
 
 def _plan_fields(ts: TurnSet, base: DraftPlan | None, model: str) -> dict:
@@ -86,6 +93,20 @@ def _plan_fields(ts: TurnSet, base: DraftPlan | None, model: str) -> dict:
     tools += [t for t in ts.tools if t not in tools]
     return {**fields, "formats": list(formats.values()), "tools": tools,
             "tokenizer": fields.get("tokenizer") or model}
+
+
+def kind_defaults(plan_fields: dict, qualified: bool, rule: str) -> dict[str, str] | str:
+    """Per kind key, the candidate it keeps unless another clearly wins (`TuneOptions.kind_default`):
+    "trees" everywhere, or by law class ("structure" in S kinds, "trees" elsewhere)."""
+    if rule == "trees":
+        return DEFAULT_POLICY
+    out: dict[str, str] = {}
+    for f in plan_fields.get("formats", []):
+        fmt = AgentFormat.from_dict(f)
+        for kind in fmt.kinds:
+            key = f"{fmt.name}.{kind.name}" if qualified else kind.name
+            out.setdefault(key, "structure" if kind.law_class is LawClass.S else DEFAULT_POLICY)
+    return out
 
 
 def _suffix_tuned(rows: dict, delta: float) -> tuple[dict, dict]:
@@ -153,9 +174,10 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
         policies = {c.name: c.kinds["*"] for c in candidates}
         fit_rows = {c.name: rows[(c.name, "fit")] for c in candidates}
         held_rows = {c.name: rows[(c.name, "held")] for c in candidates}
-        z = opts.clear_win_se
-        (choice, why), (choice_held, _) = (choose_clear_wins(fit_rows, opts.delta, z=z),
-                                           choose_clear_wins(held_rows, opts.delta, z=z))
+        z, defaults = opts.clear_win_se, kind_defaults(setting.plan_fields, setting.qualified_kinds,
+                                                         opts.kind_default)
+        (choice, why), (choice_held, _) = (choose_clear_wins(fit_rows, opts.delta, defaults, z),
+                                           choose_clear_wins(held_rows, opts.delta, defaults, z))
         composed = Candidate(PER_KIND, "structure",
                              kinds=composed_kinds(choice, policies, default=DEFAULT_POLICY))
         tasks = [(composed, "fit"), (composed, "held")]
@@ -211,7 +233,7 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candida
     return {
         "settings": {"gamma": opts.gamma, "batch": opts.batch, "delta": opts.delta, "d": opts.d,
                      "holdout": opts.holdout, "seed": opts.seed, "schedule": opts.schedule,
-                     "clear_win_se": opts.clear_win_se,
+                     "clear_win_se": opts.clear_win_se, "kind_default": opts.kind_default,
                      "model": opts.model,
                      "jobs": opts.jobs},
         "turns": len(ts.turns), "episodes": {"all": len(set(episodes)),
