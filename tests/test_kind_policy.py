@@ -242,6 +242,46 @@ def test_a_begun_open_marker_takes_the_policy_of_the_kind_it_opens():
     assert tok.decode(draft).startswith("call>") and kinds == ["tool_call"]
 
 
+def test_a_plan_switched_to_off_sends_nothing_from_the_next_step_on(tmp_path):
+    """A row drafting under structure, the plan file rewritten to `{"*": off}` while the row goes on:
+    from the next step the row gets no draft and the drafter accounts no drafted token (no path
+    drafts outside the per-row policy; the reload rebuilds the rows, dropping the draft pending)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.rows import RowInput
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    tools = [{"type": "function", "function": {"name": "find", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Find the Trattoria Bellavista Downtown Riverside please."}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) \
+        + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell'
+    ids = tok.encode(text, add_special_tokens=False)
+    path = DraftPlan(tools=tools, learn_delta=False).save(tmp_path / "plan.json")
+    drafter = StructureDrafter(DraftPlan.load(path), tok, plan_path=str(path))
+    first = drafter.propose([RowInput(np.asarray(ids))])[0]
+    assert len(first) >= 2
+
+    def drafted() -> int:
+        return sum(c["drafted"] for c in drafter.stats()["by_class"].values())
+
+    before = drafted()
+    plan = DraftPlan.load(path)
+    plan.kinds = {"*": KindPolicy(policy="off")}
+    plan.save(path)
+    drafter._watcher._next = 0.0  # skip the poll interval
+    ids = ids + first[:2] + [first[2] if len(first) > 2 else first[0]]  # two accepted, one more sampled
+    assert drafter.propose([RowInput(np.asarray(ids), sampled=3)])[0] == []
+    assert drafter.plan.kinds["*"].policy == "off"
+    ids = ids + tok.encode("avista", add_special_tokens=False)
+    assert drafter.propose([RowInput(np.asarray(ids))])[0] == []
+    assert drafted() == before and drafter.stats()["errors"] == 0
+
+
 def _compare_rows(offline, data: dict, batch: int, kinds: dict) -> list[tuple[str, str | None, list, list]]:
     """`_compare` with the format of each row's turn: (format, kind, the drafter's draft, suffix's)."""
     structure = offline.structure_drafter(GAMMA, data["tools"], finished_first=True, kinds=kinds)
