@@ -43,7 +43,7 @@ def tune(
     model: str | None = typer.Option(None, "--model", help="the tokenizer the turns were captured with "
                                                            "(default: the default model)"),
     clear_win_se: float = typer.Option(CLEAR_WIN_SE, "--clear-win-se",
-                                       help="a policy replaces trees in a kind only where its mean saving "
+                                       help="a policy replaces a kind's default only where its mean saving "
                                             "per episode exceeds this many standard errors"),
     kind_default: str = typer.Option("class", "--kind-default",
                                      help="the policy a kind keeps unless another clearly wins: class "
