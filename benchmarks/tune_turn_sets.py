@@ -19,6 +19,7 @@ from pathlib import Path
 from agentspec_sdk.backends.capture import CaptureWriter, Grammar, read_capture
 from agentspec_sdk.backends.model_bundle import resolve_model
 from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.tuning.choose import CLEAR_WIN_SE
 from agentspec_sdk.tuning.episodes import episodes_of, turn_set
 from agentspec_sdk.tuning.tuner import TuneOptions, tune
 
@@ -73,12 +74,18 @@ def main() -> None:
     ap.add_argument("--delta", type=float, default=0.2)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--oracle", action="store_true",
+                    help="also the bound: each kind's cheapest policy chosen on the held-out part itself")
+    ap.add_argument("--clear-win-se", type=float, default=CLEAR_WIN_SE,
+                    help="the clear-win rule's constant (agentspec_sdk/tuning/choose.py)")
+    ap.add_argument("--kind-default", default="class", choices=("class", "trees"),
+                    help="the policy a kind keeps unless another clearly wins (TuneOptions.kind_default)")
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
     results = []
     print("| set | γ | b | turns | held-out: structure-tuned | best stock | best stock ÷ tuned "
-          "| chosen per kind | differs on held-out | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| chosen per kind | least cost would choose | differs on held-out | oracle: best stock ÷ it | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in args.turns:
         with tempfile.TemporaryDirectory() as tmp:
             turns = source_turns(path)
@@ -90,13 +97,17 @@ def main() -> None:
                     ts = turn_set(read_capture([tmp]), known)
                     began = time.perf_counter()
                     r = tune(ts, TuneOptions(gamma=gamma, batch=batch, delta=args.delta, jobs=args.jobs,
-                                             model=resolve_model(None)), base)
-                    h = r["held_out_summary"]
+                                             model=resolve_model(None), oracle=args.oracle,
+                                             clear_win_se=args.clear_win_se,
+                                             kind_default=args.kind_default), base)
+                    h, o = r["held_out_summary"], r["held_out_oracle"]
+                    bound = f"{o['best_stock_over_oracle']:.3f} ({o['plan']})" if o else "–"
                     name = Path(path).name.split(".")[0]
                     print(f"| {name} | {gamma} | {batch} | {n} | {h['structure_tuned']:.1f} | "
                           f"{h['best_stock']} {h['best_stock_cost']:.1f} | "
                           f"{h['best_stock_over_tuned']:.3f} | "
-                          f"{r['plan_choice']}: {r['choice']} | {r['stability'] or '–'} | "
+                          f"{r['plan_choice']}: {r['choice']} | {r['least_cost_choice']} | "
+                          f"{r['stability'] or '–'} | {bound} | "
                           f"{time.perf_counter() - began:.0f} |",
                           flush=True)
                     results.append({"set": path, **r})

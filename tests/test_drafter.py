@@ -1,5 +1,6 @@
 import json
 import logging
+import os
 import time
 
 import numpy as np
@@ -12,7 +13,7 @@ from agentspec_sdk.drafting import text as text_mod
 from agentspec_sdk.drafting.drafter import StructureDrafter
 from agentspec_sdk.drafting.fingerprint import RollingHash, prefix_hash, prefix_hashes
 from agentspec_sdk.drafting.lab import LabSwitches
-from agentspec_sdk.drafting.plan import DraftPlan
+from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.rows import RowInput
 from agentspec_sdk.drafting.text import HistoryText, TokenBytes
 from agentspec_sdk.errors import PlanError
@@ -400,6 +401,23 @@ def test_drafter_reloads_a_changed_plan(tok, tmp_path):
     drafter._watcher._next = 0.0  # skip the 0.5 s poll interval
     assert len(drafter.propose([RowInput(np.array(ids))])[0]) == 2
     assert drafter.plan.version == 2
+
+
+def test_the_plan_watcher_sees_a_second_write_within_one_clock_tick(tmp_path):
+    """Two writes of the same size and the same mtime (one tick of the file system's clock): the
+    watcher compares the bytes, so the second is seen."""
+    path = DraftPlan(gamma_max=3).save(tmp_path / "p.json")
+    stamp, size = path.stat().st_mtime_ns, path.stat().st_size
+    watcher = PlanWatcher(path, poll_s=0.0)
+    assert watcher.poll() is None  # unchanged
+    DraftPlan(gamma_max=4).save(path)
+    os.utime(path, ns=(stamp, stamp))
+    assert (path.stat().st_mtime_ns, path.stat().st_size) == (stamp, size)
+    plan = watcher.poll()
+    assert plan is not None and plan.gamma_max == 4 and watcher.plan is plan
+    assert watcher.poll() is None
+    path.write_text("{not json")  # a bad file keeps the old plan, and is parsed once
+    assert watcher.poll() is None and watcher.plan.gamma_max == 4
 
 
 def test_ablation_without_isolation_drafts_across_segments(tok):

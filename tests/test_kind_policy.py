@@ -50,14 +50,35 @@ def test_kinds_round_trip_through_the_plan_file(tmp_path):
     again = DraftPlan.load(plan.save(tmp_path / "plan.json"))
     assert again == plan and again.version == 1
     rules = again.kind_rules()
-    assert set(rules) == set(segment_kinds([TOOL_CALLS, REACT]))
-    call, thought = rules["tool_call"], rules["thought"]
+    assert {kind for _, kind in rules} == set(segment_kinds([TOOL_CALLS, REACT]))
+    call, thought = rules[("tool_calls", "tool_call")], rules[("react", "thought")]
     assert (call.policy, call.boundary, call.lookup_min_chars) == ("structure", "wall", 5)
     assert call.extend_factor is None
     assert (call.tree_spec_factor, call.tree_min_token_prob) == (plan.suffix_max_spec_factor,
                                                                 plan.suffix_min_token_prob)
     assert (thought.policy, thought.tree_spec_factor, thought.boundary) == ("trees", 2.0, plan.boundary)
-    assert DraftPlan().kind_rules()["tool_call"].policy == "structure"  # no kinds: structure everywhere
+    # no kinds: structure everywhere
+    assert DraftPlan().kind_rules()[("tool_calls", "tool_call")].policy == "structure"
+
+
+def test_a_format_and_kind_key_wins_over_the_kind_and_the_star():
+    """code_agent's `reasoning` and tool_calls' `reasoning` share a name: "<format>.<kind>" sets one
+    apart; the most specific key applies, then the kind's, then "*"."""
+    plan = DraftPlan(formats=[TOOL_CALLS, CODE_AGENT, REACT], kinds={
+        "code_agent.reasoning": {"policy": "trees", "tree_spec_factor": 3.0},
+        "reasoning": {"policy": "off"}, "*": {"policy": "structure", "boundary": "wall"}})
+    rules = plan.kind_rules()
+    assert rules[("code_agent", "reasoning")].policy == "trees"
+    assert rules[("code_agent", "reasoning")].tree_spec_factor == 3.0
+    assert rules[("tool_calls", "reasoning")].policy == "off"
+    assert (rules[("react", "thought")].policy, rules[("react", "thought")].boundary) == ("structure", "wall")
+    assert plan.kind_policy("reasoning", "code_agent").policy == "trees"
+    assert plan.kind_policy("reasoning").policy == "off" and plan.kind_policy("code").boundary == "wall"
+    assert DraftPlan.from_dict(plan.to_dict()) == plan
+    # the code lookup minimum stays per the format's kind content
+    plain = DraftPlan(formats=[TOOL_CALLS, CODE_AGENT]).kind_rules()
+    assert plain[("code_agent", "code")].lookup_min_chars == plan.lookup_min_chars_code
+    assert plain[("tool_calls", "reasoning")].lookup_min_chars == plan.lookup_min_chars
 
 
 def test_a_plan_file_written_before_kinds_and_lab_switches_still_loads(tmp_path):
@@ -93,6 +114,12 @@ KIND_ERRORS = [
      r"kinds\.reasoning\.tree_min_token_prob: Input should be less than or equal to 1"),
     ({"reasoning": {"polcy": "off"}}, r"kinds\.reasoning\.polcy: Extra inputs are not permitted"),
     ({"reasoning": "off"}, r"kinds\.reasoning: Input should be a valid dictionary or instance of KindPolicy"),
+    ({"code_agent.reasoning": {}}, r"kinds\.code_agent\.reasoning: the plan has no format 'code_agent'; its "
+                                   r"formats: \['tool_calls'\]"),
+    ({"tool_calls.thought": {}}, r"kinds\.tool_calls\.thought: format 'tool_calls' has no segment kind "
+                                 r"'thought'; its kinds: \['reasoning', 'tool_call', 'tool_response'\]"),
+    ({"tool_calls.reasoning": {"policy": "tree"}},
+     r"kinds\.tool_calls\.reasoning\.policy: Input should be 'structure', 'trees' or 'off'"),
     ([], r"kinds: Input should be a valid dictionary"),
 ]
 
@@ -162,6 +189,112 @@ def test_off_drafts_nothing_in_its_kind_and_a_mixed_plan_drafts_per_kind(offline
     assert calls and all(mine == theirs for mine, theirs in calls)
     rest = [(mine, theirs) for k, mine, theirs in mixed if k != "tool_call"]
     assert any(mine for mine, _ in rest) and any(mine != theirs for mine, theirs in rest)
+
+
+def test_the_drafter_applies_the_policy_of_the_rows_format(offline):
+    """Tool-call turns and code turns replayed together (the plan has both formats, the drafter picks
+    each row's format from its prompt): a "code_agent.reasoning" policy governs the code rows'
+    reasoning, the plain "reasoning" key the tool-call rows'."""
+    calls, code = _load("tool_calls"), _load("code")
+    data = {"tools": calls["tools"] + [t for t in code["tools"] if t not in calls["tools"]],
+            "turns": calls["turns"] + code["turns"]}
+    fmt_of = [t["fmt"] for t in data["turns"]]
+    assert set(fmt_of) == {"tool_calls", "code_agent"}
+    steps = _compare_rows(offline, data, 8, {"code_agent.reasoning": {"policy": "off"}})
+    code_reasoning = [mine for f, k, mine, _ in steps if (f, k) == ("code_agent", "reasoning")]
+    call_reasoning = [mine for f, k, mine, _ in steps if (f, k) == ("tool_calls", "reasoning")]
+    assert code_reasoning and not any(code_reasoning)
+    assert any(call_reasoning)
+    steps = _compare_rows(offline, data, 8, {"code_agent.reasoning": {"policy": "trees"},
+                                             "reasoning": {"policy": "off"}})
+    code_reasoning = [(mine, theirs) for f, k, mine, theirs in steps if (f, k) == ("code_agent", "reasoning")]
+    call_reasoning = [mine for f, k, mine, _ in steps if (f, k) == ("tool_calls", "reasoning")]
+    assert all(mine == theirs for mine, theirs in code_reasoning) and any(m for m, _ in code_reasoning)
+    assert call_reasoning and not any(call_reasoning)
+
+
+def test_a_begun_open_marker_takes_the_policy_of_the_kind_it_opens():
+    """The model has written "<tool_" at the end of its reasoning: the held-back text already belongs
+    to the tool call (the structure drafter completes the marker and drafts the call), so the row
+    drafts under the tool call's policy and its draft is attributed to the tool call."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.rows import RowInput
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Weather in Lima?"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) + "I will look.\n<tool_"
+    ids = np.asarray(tok.encode(text, add_special_tokens=False))
+
+    def step(kinds: dict) -> tuple[list[int], list]:
+        drafter = StructureDrafter(DraftPlan(formats=[TOOL_CALLS], kinds=kinds, learn_delta=False), tok)
+        draft = drafter.propose([RowInput(ids)])[0]
+        assert drafter.rows.states[0].seg.kind == "reasoning" and drafter.rows.states[0].seg.pending
+        return draft, drafter.last_kinds
+
+    draft, kinds = step({"tool_call": {"policy": "off"}})
+    assert draft == [] and kinds == ["tool_call"]
+    draft, kinds = step({"reasoning": {"policy": "off"}})
+    assert tok.decode(draft).startswith("call>") and kinds == ["tool_call"]
+
+
+def test_a_plan_switched_to_off_sends_nothing_from_the_next_step_on(tmp_path):
+    """A row drafting under structure, the plan file rewritten to `{"*": off}` while the row goes on:
+    from the next step the row gets no draft and the drafter accounts no drafted token (no path
+    drafts outside the per-row policy; the reload rebuilds the rows, dropping the draft pending)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from agentspec_sdk.backends.model_bundle import resolve_model
+    from agentspec_sdk.drafting.drafter import StructureDrafter
+    from agentspec_sdk.drafting.rows import RowInput
+
+    tok = AutoTokenizer.from_pretrained(resolve_model())
+    tools = [{"type": "function", "function": {"name": "find", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+    msgs = [{"role": "system", "content": "Call tools as <tool_call>{...}</tool_call>."},
+            {"role": "user", "content": "Find the Trattoria Bellavista Downtown Riverside please."}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) \
+        + '<tool_call>{"name": "find", "arguments": {"q": "Trattoria Bell'
+    ids = tok.encode(text, add_special_tokens=False)
+    path = DraftPlan(tools=tools, learn_delta=False).save(tmp_path / "plan.json")
+    drafter = StructureDrafter(DraftPlan.load(path), tok, plan_path=str(path))
+    first = drafter.propose([RowInput(np.asarray(ids))])[0]
+    assert len(first) >= 2
+
+    def drafted() -> int:
+        return sum(c["drafted"] for c in drafter.stats()["by_class"].values())
+
+    before = drafted()
+    plan = DraftPlan.load(path)
+    plan.kinds = {"*": KindPolicy(policy="off")}
+    plan.save(path)
+    drafter._watcher._next = 0.0  # skip the poll interval
+    ids = ids + first[:2] + [first[2] if len(first) > 2 else first[0]]  # two accepted, one more sampled
+    assert drafter.propose([RowInput(np.asarray(ids), sampled=3)])[0] == []
+    assert drafter.plan.kinds["*"].policy == "off"
+    ids = ids + tok.encode("avista", add_special_tokens=False)
+    assert drafter.propose([RowInput(np.asarray(ids))])[0] == []
+    assert drafted() == before and drafter.stats()["errors"] == 0
+
+
+def _compare_rows(offline, data: dict, batch: int, kinds: dict) -> list[tuple[str, str | None, list, list]]:
+    """`_compare` with the format of each row's turn: (format, kind, the drafter's draft, suffix's)."""
+    structure = offline.structure_drafter(GAMMA, data["tools"], finished_first=True, kinds=kinds)
+    steps = []
+
+    def record(drafts, truth, key=None, index=0):
+        steps.append((data["turns"][key]["fmt"], structure.kinds[index], drafts[0], drafts[1]))
+        return 1
+
+    offline.simulate(data["turns"], (structure, offline.SuffixDrafter(GAMMA)), batch, choose=record,
+                     schedule="agents")
+    assert structure.drafter.stats()["errors"] == 0
+    return steps
 
 
 # -- in real vLLM -----------------------------------------------------------------------------------

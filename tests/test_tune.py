@@ -14,11 +14,20 @@ from agentspec_sdk.backends.capture import CaptureWriter, read_capture
 from agentspec_sdk.cli import app
 from agentspec_sdk.drafting.plan import DraftPlan, segment_kinds
 from agentspec_sdk.errors import TuneError
-from agentspec_sdk.structure.formats import REACT
-from agentspec_sdk.tuning.choose import best_stock, choose_per_kind, composed_kinds, differences
+from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+from agentspec_sdk.tuning.choose import (
+    best_stock,
+    choose_clear_wins,
+    choose_per_kind,
+    clear_winner,
+    composed_kinds,
+    differences,
+    paired_saving,
+)
 from agentspec_sdk.tuning.decisions import class_decisions
 from agentspec_sdk.tuning.episodes import episodes_of, split_episodes
 from agentspec_sdk.tuning.simulate import predecessors, simulate
+from agentspec_sdk.tuning.tuner import kind_defaults
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -145,6 +154,68 @@ def test_choose_per_kind_takes_the_cheapest_candidate_in_each_kind():
     assert best_stock(stock, 0.2) == ("ngram", 12.0)
 
 
+def _episode_row(costs: dict[str, list[int]]) -> dict:
+    """A replay row whose episode e costs costs[kind][e] passes in each kind (nothing drafted)."""
+    n = len(next(iter(costs.values())))
+    by_episode = {}
+    for e in range(n):
+        kinds = {k: {"passes": v[e], "drafted": 0, "accepted": 0} for k, v in costs.items()}
+        total = sum(v[e] for v in costs.values())
+        by_episode[str(e)] = {"all": {"passes": total, "drafted": 0, "accepted": 0}, "kinds": kinds}
+    by_kind = {k: {"passes": sum(v), "drafted": 0, "accepted": 0} for k, v in costs.items()}
+    return {"passes": sum(sum(v) for v in costs.values()), "drafted": 0, "by_kind": by_kind,
+            "by_episode": by_episode}
+
+
+def test_the_clear_win_rule_keeps_trees_unless_another_policy_saves_beyond_its_spread():
+    """In kind x the challenger saves 2 passes in every episode: a clear win. In kind y it saves more
+    in all (8 against 0) but in one episode only: its mean (1.6) is below one standard error (1.6):
+    trees stays, where least cost alone would have switched."""
+    trees = _episode_row({"x": [20, 22, 19, 25, 21], "y": [30, 31, 29, 30, 30]})
+    steady = _episode_row({"x": [18, 20, 17, 23, 19], "y": [30, 31, 29, 30, 22]})
+    rows = {"trees": trees, "structure": steady}
+    x = paired_saving(trees, steady, 0.2, "x")
+    assert (x["saving"], x["se"], x["episodes"], x["total"]) == (2.0, 0.0, 5, 10.0)
+    y = paired_saving(trees, steady, 0.2, "y")
+    assert y["saving"] == pytest.approx(1.6) and y["se"] == pytest.approx(1.6)
+    choice, why = choose_clear_wins(rows, 0.2)
+    assert choice == {"x": "structure", "y": "trees"}
+    assert choose_per_kind(rows, 0.2) == {"x": "structure", "y": "structure"}
+    assert "above 1 se" in why["x"]["reason"] and "no policy saves more than 1 se" in why["y"]["reason"]
+    # a lower bar takes y too; whole episodes: 3.6 a mean, clearly
+    assert choose_clear_wins(rows, 0.2, z=0.5)[0] == {"x": "structure", "y": "structure"}
+    assert clear_winner("trees", rows, 0.2)[0] == "structure"
+    # one episode has no spread to judge: no clear win
+    one = {n: {**r, "by_episode": {"0": r["by_episode"]["0"]}} for n, r in rows.items()}
+    assert paired_saving(one["trees"], one["structure"], 0.2, "x")["se"] == float("inf")
+    assert choose_clear_wins(one, 0.2)[0] == {"x": "trees", "y": "trees"}
+
+
+def test_kind_defaults_follow_the_law_class():
+    fields = {"formats": [TOOL_CALLS.to_dict(), CODE_AGENT.to_dict()]}
+    by_class = kind_defaults(fields, qualified=True, rule="class")
+    assert by_class["tool_calls.tool_call"] == "structure"
+    assert by_class["tool_calls.reasoning"] == by_class["code_agent.reasoning"] == "trees"
+    assert by_class["code_agent.code"] == "trees"
+    assert kind_defaults(fields, qualified=False, rule="class")["tool_call"] == "structure"
+    assert kind_defaults(fields, qualified=False, rule="trees") == "trees"
+    # in x trees is no clear win over the default structure (it saves 1 in one episode, loses 1 in
+    # the other); in y, by default trees, structure loses
+    rows = {"trees": _episode_row({"x": [5, 7], "y": [5, 5]}),
+            "structure": _episode_row({"x": [6, 6], "y": [6, 6]})}
+    assert choose_clear_wins(rows, 0.2, {"x": "structure"})[0] == {"x": "structure", "y": "trees"}
+
+
+def test_simulate_counts_per_turn_add_up_to_the_totals():
+    turns = _kind_turns()
+    row = simulate([dict(t) for t in turns], _drafter(turns, "x"), batch=2, schedule="agents", per_turn=True)
+    assert len(row["by_turn"]) == len(turns)
+    for key in ("passes", "drafted", "accepted"):
+        assert sum(t["all"][key] for t in row["by_turn"]) == row[key]
+        for kind in ("x", "y"):
+            assert sum(t["kinds"][kind][key] for t in row["by_turn"]) == row["by_kind"][kind][key]
+
+
 def test_the_law_decides_per_class_from_the_replayed_rounds():
     rounds = {"S": {"rounds": 50, "drafted": 400, "accepted": 360, "rejections": 10},
               "F": {"rounds": 50, "drafted": 100, "accepted": 5, "rejections": 48}}
@@ -207,7 +278,7 @@ def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
                                       "--jobs", "1", "--gamma", "8", "--batch", "8"])
     assert result.exit_code == 0, result.output
     plan = DraftPlan.load(out)
-    assert plan.kinds and set(plan.kinds) <= set(segment_kinds([REACT]))
+    assert plan.kinds and set(plan.kinds) <= {"*", *segment_kinds([REACT])}
     assert plan.gamma_max == 8 and any(f["name"] == "react" for f in plan.formats)
     data = json.loads((report / "report.json").read_text())
     assert data["turns"] == n and data["episodes"]["fit"] >= 1 and data["episodes"]["held"] >= 1
@@ -217,14 +288,20 @@ def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
     tuned = data["held_out"]["structure-tuned"]["cost"]
     assert summary["best_stock_over_tuned"] == pytest.approx(stock / tuned)
     assert data["held_out"]["structure-tuned"]["passes"] < data["held_out"]["off"]["passes"]
-    # the plan is the per-kind composition, or one policy everywhere where that cost less on the fitting part
+    # the plan is the per-kind composition (trees where no policy clearly won, "*" trees), or one policy
+    # everywhere where that clearly beat it on the fitting part
     assert {k: p.model_dump(exclude_none=True) for k, p in plan.kinds.items()} == data["kinds"]
-    fit_costs = {name: row["cost"] for name, row in data["fit"].items()}
-    plans = ["structure-per-kind", "structure", "structure-wall", "structure-lookup6", "structure-no-extend",
-             "trees", "off"]
-    assert data["plan_choice"] == min(plans, key=lambda n: (fit_costs[n], plans.index(n)))
+    assert set(data["choice_why"]) == set(data["choice"])
+    for kind, why in data["choice_why"].items():
+        wins = [n for n, t in why["tests"].items() if t["saving"] > max(0.0, t["se"])]
+        assert (why["chosen"] in wins) if wins else why["chosen"] == why["default"], (kind, why)
+        # the default: the structure drafter in kinds of law class S, the peer's draft elsewhere
+        assert why["default"] == ("structure" if kind in ("action", "action_input") else "trees")
     if data["plan_choice"] == "structure-per-kind":
-        assert set(data["kinds"]) == set(data["choice"])
+        assert set(data["kinds"]) == set(data["choice"]) | {"*"}
+        assert data["kinds"]["*"]["policy"] == "trees"
+    else:
+        assert data["plan_why"]["chosen"] == data["plan_choice"]
     notes = " ".join(data["notes"])
     assert "truncated last line skipped" in notes
     assert f"{n} of {n} turns have no grammar: replayed untrimmed" in notes
@@ -247,3 +324,21 @@ def test_a_turn_of_an_unknown_format_is_named(tmp_path):
     assert result.exit_code == 2
     assert ".jsonl:2: unknown agent format 'my_agent'" in result.output and "--base-plan" in result.output
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_tune_on_two_formats_chooses_per_format_and_kind(tmp_path):
+    """Tool-call turns and code turns in one capture: both formats have a kind `reasoning`; the plan
+    keys each kind by its format ("code_agent.reasoning", "tool_calls.reasoning") and loads."""
+    calls, code = tmp_path / "calls", tmp_path / "code"
+    _capture(calls, "tool_calls")
+    _capture(code, "code")
+    out, report = tmp_path / "plan.json", tmp_path / "report"
+    result = CliRunner().invoke(app, ["tune", str(calls), str(code), "--out", str(out),
+                                      "--report", str(report), "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((report / "report.json").read_text())
+    assert {"code_agent.reasoning", "tool_calls.reasoning", "tool_calls.tool_call"} <= set(data["choice"])
+    assert all("." in k for k in data["choice"])
+    plan = DraftPlan.load(out)
+    assert {f["name"] for f in plan.formats} >= {"tool_calls", "code_agent"}
+    assert set(plan.kinds) - {"*"} == set(data["choice"]) or data["plan_choice"] != "structure-per-kind"

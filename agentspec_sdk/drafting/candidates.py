@@ -40,7 +40,7 @@ class DraftSetup:
     """What building a row's draft needs from the plan and the tokenizer, fixed while a plan runs:
     the plan, the draft's length cap `gamma`, the vocabulary's bytes, the draft-text tokenizer
     (`tokenizer.MemoTokenizer`), the turn-end token ids, the lab switches and each segment kind's
-    rule (`DraftPlan.kind_rules`)."""
+    rule by (format name, kind name) (`DraftPlan.kind_rules`)."""
 
     plan: DraftPlan
     gamma: int
@@ -48,12 +48,13 @@ class DraftSetup:
     memo_tokenizer: object
     end_ids: frozenset
     lab: LabSwitches
-    rules: dict[str, KindRule]
+    rules: dict[tuple[str, str], KindRule]
     default_rule: KindRule
 
-    def rule(self, kind: str) -> KindRule:
-        """The rule of segment kind `kind` (a kind no plan format names: the plan's global knobs)."""
-        return self.rules.get(kind, self.default_rule)
+    def rule(self, kind: str, fmt: str) -> KindRule:
+        """The rule of segment kind `kind` of format `fmt` (a kind no plan format names: the plan's
+        global knobs)."""
+        return self.rules.get((fmt, kind), self.default_rule)
 
 
 class Chain(NamedTuple):
@@ -102,19 +103,7 @@ class OwnSource:
         return (Candidate(tokens, sources, kind.name, law_class) if tokens else None), None
 
     def _opening(self, st: RowState):
-        """(kind, marker) when the text held back by the segmenter begins the open marker of a
-        model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
-        belongs to the new segment, so drafting the rest of the marker stays inside it."""
-        held = st.seg.pending
-        if not held:
-            return None
-        for kind in st.fmt.kinds:
-            if kind.writer != "model" or kind.law_class is not LawClass.S or not kind.delimited:
-                continue
-            for marker in kind.open:
-                if marker.startswith(held) and marker != held:
-                    return kind, marker
-        return None
+        return opening_of(st)
 
     def _opening_candidate(self, st: RowState, kind, marker: str) -> Candidate | None:
         rest = marker[len(st.seg.pending):]
@@ -172,7 +161,7 @@ class OwnSource:
                         if not close and not call.chains:  # ReAct's name/arguments: the forced text
                             break                          # ends where the grammar does
                     more, follow, matched = self._lookup(st, kind, law_class, seg_text + text)
-                    if forced and matched < len(forced) + self._min_chars(kind):
+                    if forced and matched < len(forced) + self._min_chars(st, kind):
                         break  # a match inside the forced text only echoes the grammar
                 if more and call is not None:
                     allowed = call.allowed_after(seg_text[len(opener):] + text, more)
@@ -221,12 +210,12 @@ class OwnSource:
         same = st.corpora.get(kind.name)
         if not same or not self.lab.isolation:
             return "", "", 0
-        return continuation(query, [(same, len(same))], min_chars=self._min_chars(kind),
+        return continuation(query, [(same, len(same))], min_chars=self._min_chars(st, kind),
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
-    def _min_chars(self, kind) -> int:
+    def _min_chars(self, st: RowState, kind) -> int:
         """The shortest match a lookup continues in segments of this kind."""
-        return self.setup.rule(kind.name).lookup_min_chars
+        return self.setup.rule(kind.name, st.fmt.name).lookup_min_chars
 
     def _lookup(self, st: RowState, kind, law_class: str, seg_text: str) -> tuple[str, str, int]:
         if not self.lab.isolation:
@@ -238,7 +227,7 @@ class OwnSource:
             if same:
                 corpora.append((same, len(same)))
             corpora.append((st.prompt_text, len(st.prompt_text)))
-        return continuation(seg_text, corpora, min_chars=self._min_chars(kind),
+        return continuation(seg_text, corpora, min_chars=self._min_chars(st, kind),
                             max_match=MAX_MATCH_CHARS, max_chars=6 * self.gamma + 8)
 
     def _tokens_for(self, st: RowState, text: str, parts: list[tuple[int, str]], *, keep_last: bool,
@@ -274,7 +263,7 @@ class TreeSource:
         or priced past it (boundary "price": the tokens after the end are source "cross"). `note`
         (explain mode) gets the draft before the cut (`tree_raw`, `tree_conf`)."""
         kind = st.fmt.kind(st.seg.kind)
-        rule = self.setup.rule(kind.name)
+        rule = self.setup.rule(kind.name, st.fmt.name)
         tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma, rule.tree_spec_factor,
                                             rule.tree_min_token_prob)
         law_class = kind.law_class.value
@@ -313,6 +302,22 @@ class TreeSource:
             return None
         kind = st.fmt.kind(st.seg.kind)
         return Candidate(tokens, ["suffix"] * len(tokens), kind.name, kind.law_class.value, conf)
+
+
+def opening_of(st: RowState):
+    """(kind, marker) when the text held back by the segmenter begins the open marker of a
+    model-written structured kind (``<`` or ``<tool_`` of ``<tool_call>``): that text already
+    belongs to the new segment, so drafting the rest of the marker stays inside it."""
+    held = st.seg.pending
+    if not held:
+        return None
+    for kind in st.fmt.kinds:
+        if kind.writer != "model" or kind.law_class is not LawClass.S or not kind.delimited:
+            continue
+        for marker in kind.open:
+            if marker.startswith(held) and marker != held:
+                return kind, marker
+    return None
 
 
 def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:

@@ -82,7 +82,7 @@ class RowChoice:
         note.update(own=own, tree=None, tree_raw=[], rule="own")
         # own continued past its segment end by the tree (boundary "price" of own's kind)
         priced = own is not None and self.setup.lab.isolation \
-            and self.setup.rule(own.kind).boundary == "price"
+            and self.setup.rule(own.kind, st.fmt.name).boundary == "price"
         if self.tree is None:
             return own
         if own is not None and own.source in ("forced", "marker"):  # grammar-forced text goes first

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentspec_sdk.drafting.budget import TokenRate
-from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource
+from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource, opening_of
 from agentspec_sdk.drafting.choice import ChoiceBias, RowChoice
 from agentspec_sdk.drafting.grammars import CallGrammars
 from agentspec_sdk.drafting.lab import LabSwitches
@@ -130,7 +130,7 @@ class StructureDrafter:
         self.rows.reset(RowContext(self.trees, self.token_bytes, self.turn_start, self.turn_end,
                                    self.pick_format))
         rules = plan.kind_rules()
-        self.policies = {name: rule.policy for name, rule in rules.items()}
+        self.policies = {key: rule.policy for key, rule in rules.items()}  # by (format, kind)
         self.default_policy = plan.kind_rule("").policy  # a kind no format of the plan names
         # where a kind sends vLLM's suffix draft, the trees are fed as vLLM's proposer feeds them: a new
         # row's tokens sampled in its step enter as its response
@@ -254,14 +254,14 @@ class StructureDrafter:
                 else:
                     accepted += self._resolve(st, ids, row.sampled)
                     st.advance(ids)
-                kind = kinds[i] = st.seg.kind
-                policy = self.policies.get(kind, self.default_policy)
+                kind = kinds[i] = self._policy_kind(st)
+                policy = self.policies.get((st.fmt.name, kind), self.default_policy)
                 if policy != "structure":
                     st.contest = None
                     if policy == "trees" and self.tree is not None:
                         room = self.gamma if self.max_model_len is None else \
                             min(self.gamma, self.max_model_len - st.n - 1)
-                        cand = self.tree.vllm_draft(st, self.setup.rule(kind), room)
+                        cand = self.tree.vllm_draft(st, self.setup.rule(kind, st.fmt.name), room)
                         if cand is not None:
                             direct[i] = cand
                     continue
@@ -273,6 +273,16 @@ class StructureDrafter:
                 self._failed(f"row {i}")
         self.last_kinds = kinds
         return candidates, errors, accepted, notes, direct
+
+    def _policy_kind(self, st: RowState) -> str:
+        """The segment kind whose policy governs the row's draft: the kind it is in, or the structured
+        kind whose open marker the model has begun (the held-back text already belongs to it)."""
+        kind = st.seg.kind
+        if st.seg.pending and self.lab.isolation and not st.fmt.kind(kind).delimited:
+            opening = opening_of(st)
+            if opening is not None:
+                return opening[0].name
+        return kind
 
     def _row_candidate(self, i: int, st: RowState, price: float, note: dict | None) -> Candidate | None:
         """Batch row `i`'s candidate at its `price` (the hook a subclass overrides to weigh another

@@ -4,9 +4,9 @@ policy per segment kind. A deployment's settings only: the bench's ablation swit
 
 It is a JSON file whose path is in the environment variable AGENTSPEC_PLAN, so it also reaches a
 separately started `vllm serve`. The engine rewrites it when tools are registered after start; the
-drafter notices through `PlanWatcher` (mtime checked at most every `poll_s`). The fields are checked
-by pydantic; a bad value raises `PlanError` naming the file and the key path. docs/drafting.md says
-why each default is what it is.
+drafter notices through `PlanWatcher` (the file's bytes compared at most every `poll_s`). The fields
+are checked by pydantic; a bad value raises `PlanError` naming the file and the key path.
+docs/drafting.md says why each default is what it is.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class DraftPlan(BaseModel):
     # the trees' draft at this larger spec factor, its tokens past the factor-1 draft a source of their
     # own ("extend"); None: none
     suffix_extend_factor: float | None = Field(2.0, gt=0)
-    # per segment kind (a kind name of the plan's formats, or "*": every kind not named); absent:
-    # "structure" everywhere
+    # per segment kind: "<format>.<kind>" (that format's kind), "<kind>" (the kind in every format
+    # naming it) or "*" (every kind not named), the most specific key applying; absent: "structure"
     kinds: dict[str, KindPolicy] = Field(default_factory=dict)
     version: int = Field(0, ge=0)
 
@@ -166,10 +166,20 @@ class DraftPlan(BaseModel):
         except AgentSpecError as exc:
             raise ValueError(str(exc)) from None
         known = segment_kinds(formats)
+        by_format = {f.name: f.kind_names for f in formats}
         for key in self.kinds:
-            if key != ALL_KINDS and key not in known:
+            if key == ALL_KINDS or key in known:
+                continue
+            owner = next((f for f in by_format if key.startswith(f"{f}.")), None)
+            if owner is None and "." in key:
+                raise ValueError(f"kinds.{key}: the plan has no format {key.split('.')[0]!r}; its formats: "
+                                 f"{list(by_format)}")
+            if owner is None:
                 raise ValueError(f"kinds.{key}: no segment kind of the plan's formats is named {key!r}; "
-                                 f"known: {[ALL_KINDS, *known]}")
+                                 f"known: {[ALL_KINDS, *known]} (or '<format>.<kind>')")
+            if key[len(owner) + 1:] not in by_format[owner]:
+                raise ValueError(f"kinds.{key}: format {owner!r} has no segment kind "
+                                 f"{key[len(owner) + 1:]!r}; its kinds: {list(by_format[owner])}")
         return self
 
     # -- derived objects ----------------------------------------------------------------------
@@ -183,19 +193,23 @@ class DraftPlan(BaseModel):
     def effective_step_budget(self) -> int | None:
         return self.step_budget
 
-    def kind_rules(self) -> dict[str, KindRule]:
-        """Every segment kind of the plan's formats -> its resolved rule (policy and knobs)."""
-        out: dict[str, KindRule] = {}
-        for fmt in self.agent_formats():
-            for kind in fmt.kinds:
-                if kind.name not in out:
-                    out[kind.name] = self.kind_rule(kind.name, kind.content == "code")
-        return out
+    def kind_rules(self) -> dict[tuple[str, str], KindRule]:
+        """(format name, segment kind name) of every kind of the plan's formats -> its resolved rule
+        (policy and knobs)."""
+        return {(fmt.name, kind.name): self.kind_rule(kind.name, kind.content == "code", fmt.name)
+                for fmt in self.agent_formats() for kind in fmt.kinds}
 
-    def kind_rule(self, kind: str, code: bool = False) -> KindRule:
-        """Segment kind `kind`'s rule: its policy (or "*"'s) with each knob it leaves None the plan's
-        (`code`: a kind of content "code", whose lookups take `lookup_min_chars_code`)."""
-        pol = self.kinds.get(kind) or self.kinds.get(ALL_KINDS) or KindPolicy()
+    def kind_policy(self, kind: str, fmt: str | None = None) -> KindPolicy:
+        """The policy `kinds` gives segment kind `kind` of format `fmt`, most specific key first:
+        "<fmt>.<kind>", then "<kind>", then "*"; none of them: structure with the plan's knobs."""
+        kinds = self.kinds
+        return ((kinds.get(f"{fmt}.{kind}") if fmt is not None else None) or kinds.get(kind)
+                or kinds.get(ALL_KINDS) or KindPolicy())
+
+    def kind_rule(self, kind: str, code: bool = False, fmt: str | None = None) -> KindRule:
+        """Segment kind `kind`'s rule (of format `fmt`: `kind_policy`) with each knob it leaves None
+        the plan's (`code`: a kind of content "code", whose lookups take `lookup_min_chars_code`)."""
+        pol = self.kind_policy(kind, fmt)
         min_chars = self.lookup_min_chars_code if code else self.lookup_min_chars
         extend = self.suffix_extend_factor if pol.extend_factor is None else pol.extend_factor
         return KindRule(policy=pol.policy, boundary=pol.boundary or self.boundary,
@@ -279,14 +293,19 @@ class DraftPlan(BaseModel):
     @classmethod
     def load(cls, path: str | os.PathLike) -> DraftPlan:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            data = Path(path).read_bytes()
         except OSError as exc:
             raise PlanError(f"cannot read plan file {path}: {exc}") from None
+        return cls.parse(data, str(path))
+
+    @classmethod
+    def parse(cls, data: bytes, path: str) -> DraftPlan:
+        """The plan in a plan file's bytes (`path`: what an error names)."""
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            content = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PlanError(f"plan file {path} is not valid JSON: {exc}") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(content, source=path)
 
     @classmethod
     def from_env(cls) -> DraftPlan:
@@ -319,14 +338,28 @@ def _describe(exc: ValidationError, source: str) -> str:
 
 
 class PlanWatcher:
-    """Reloads a plan file when its mtime changes; checks at most every `poll_s` seconds."""
+    """Reloads a plan file when its content changes; checks at most every `poll_s` seconds.
+
+    A change is noticed by the file's bytes (a digest), not its mtime: two writes within one tick of
+    the file system's clock (a client adding a tool right after an operator's edit) leave one mtime
+    and possibly one size, and the second would otherwise stay unseen until the next write."""
 
     def __init__(self, path: str | os.PathLike, poll_s: float = 0.5):
         self.path = Path(path)
         self.poll_s = poll_s
-        self._mtime = self.path.stat().st_mtime_ns
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise PlanError(f"cannot read plan file {path}: {exc}") from None
+        self._digest = _digest(data)
         self._next = time.monotonic() + poll_s
-        self.plan = DraftPlan.load(self.path)
+        self.plan = DraftPlan.parse(data, str(self.path))
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
 
     def poll(self) -> DraftPlan | None:
         """The new plan if the file changed since the last load, else None. A bad file keeps the old."""
@@ -334,16 +367,22 @@ class PlanWatcher:
         if now < self._next:
             return None
         self._next = now + self.poll_s
-        try:
-            mtime = self.path.stat().st_mtime_ns
-        except OSError:
+        data = self._read()
+        if data is None:
             return None
-        if mtime == self._mtime:
+        digest = _digest(data)
+        if digest == self._digest:
             return None
-        self._mtime = mtime
+        self._digest = digest  # a bad file is parsed once, not at every poll
         try:
-            plan = DraftPlan.load(self.path)
+            plan = DraftPlan.parse(data, str(self.path))
         except PlanError:
             return None
         self.plan = plan
         return plan
+
+
+def _digest(data: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=16).digest()

@@ -236,7 +236,7 @@ def demo(out: OUT = Path("agentspec-demo"),
         arms = [build_arm(a, episodes or DEMO_EPISODES[quick][a],
                           max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else 128),
                           trace_path=traces, max_segments=1 if quick else 2) for a in agent_arms]
-        n_prose = (1 if quick else 4) if prose is None else prose
+        n_prose = DEMO_PROSE[quick] if prose is None else prose
         # a short prose slice (arm A, real passages as the bench uses): the F class P1 and R1 compare
         arms += ([build_arm("A", n_prose, max_tokens=max_tokens or (QUICK_MAX_TOKENS if quick else 128))]
                  if n_prose else [])
@@ -258,6 +258,7 @@ def demo(out: OUT = Path("agentspec-demo"),
 # Sized to the time goals (docs/replay.md, "How long the demo takes"): the full demo's replay time is
 # ≈ prefill of every episode's long prompt per mode (4 modes) + 4 engine starts (≈ 20 s each) + κ.
 DEMO_EPISODES = {True: {"D": 2, "D-react": 1, "D-code": 1}, False: {"D": 6, "D-react": 2, "D-code": 2}}
+DEMO_PROSE = {True: 1, False: 4}  # arm-A prose prompts of the demo: {quick: n}
 QUICK_MAX_TOKENS = 48  # tokens per assistant turn with --quick (128 otherwise)
 
 
@@ -464,12 +465,13 @@ def replay(traces: Annotated[Path, typer.Argument(help="JSONL trace file")],
            capture: CAPTURE = None, eager: EAGER = True, model: MODEL = None, seed: SEED = 0,
            show_engine_log: SHOW_ENGINE_LOG = False) -> None:
     """Replay a trace file with the given speculation modes and report."""
-    from agentspec_sdk.replay.arms import build_arm
+    from agentspec_sdk.replay.arms import build_arm, ensure_prose_format
     from agentspec_sdk.replay.runner import ModeConfig, Plan
     from agentspec_sdk.replay.trace import check_formats
     from agentspec_sdk.structure.formats import get_format
 
     try:
+        ensure_prose_format()  # arm A's format, as the measuring processes know it: prose traces replay
         arm = build_arm("D", n, max_tokens=max_tokens, trace_path=traces)
         arm.fmt = fmt
         if fmt not in (None, "auto"):  # a named format is checked now; "auto" once the engine knows it

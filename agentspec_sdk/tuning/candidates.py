@@ -82,11 +82,13 @@ class StructureCall:
 
     `finished_first`: the rows that finished in the previous step are handed over before the active
     ones (simulate's `first`), as the keyed SuffixDrafter learns them (`retire`) before its next
-    step: the order under which a "trees" policy drafts what SuffixDrafter drafts."""
+    step: the order under which a "trees" policy drafts what SuffixDrafter drafts. `qualified`: the
+    kinds as "<format>.<kind>" (the format the drafter picked for the row), as a plan's `kinds` keys
+    one format's kind."""
 
-    def __init__(self, drafter, explain: bool = False, finished_first: bool = False):
+    def __init__(self, drafter, explain: bool = False, finished_first: bool = False, qualified: bool = False):
         self.drafter, self.classes, self.kinds, self.notes = drafter, [], [], []
-        self.finished_first = finished_first
+        self.finished_first, self.qualified = finished_first, qualified
         if explain:
             drafter.explain = []
 
@@ -100,29 +102,35 @@ class StructureCall:
         pending = [self.drafter.pending_draft(first + k) if d else None for k, d in enumerate(drafts)]
         self.classes = [p.law_class if p is not None else None for p in pending]
         self.kinds = self.drafter.last_kinds[first:]
+        if self.qualified:
+            states = self.drafter.rows.states[first:]
+            self.kinds = [f"{st.fmt.name}.{kind}" if kind is not None and st is not None else None
+                          for kind, st in zip(self.kinds, states, strict=True)]
         return drafts
 
 
 def structure_drafter(gamma: int, tokenizer, plan_fields: dict, explain: bool = False, lab=None,
-                      finished_first: bool = False) -> StructureCall:
+                      finished_first: bool = False, qualified: bool = False) -> StructureCall:
     """The product's structure drafter over a plan of `plan_fields` (formats, tools, tokenizer, kinds,
     prices ...), at most `gamma` tokens a draft; `lab`: the bench's ablation switches
-    (drafting.lab.LabSwitches); `finished_first`: see StructureCall."""
+    (drafting.lab.LabSwitches); `finished_first`, `qualified`: see StructureCall."""
     from agentspec_sdk.drafting.drafter import StructureDrafter
     from agentspec_sdk.drafting.plan import DraftPlan
 
     # learn_delta off: the simulated steps have no target pass to time
     plan = DraftPlan(**{**plan_fields, "gamma_max": gamma, "learn_delta": False})
     return StructureCall(StructureDrafter(plan, tokenizer, lab=lab), explain=explain,
-                         finished_first=finished_first)
+                         finished_first=finished_first, qualified=qualified)
 
 
-def build_drafter(candidate: Candidate, gamma: int, tokenizer, plan_fields: dict):
-    """The drafter simulate replays for `candidate` (a fresh one: drafters learn as they go)."""
+def build_drafter(candidate: Candidate, gamma: int, tokenizer, plan_fields: dict, qualified: bool = False):
+    """The drafter simulate replays for `candidate` (a fresh one: drafters learn as they go);
+    `qualified`: see StructureCall."""
     if candidate.family == "ngram":
         return ngram_drafter(gamma)
     if candidate.family == "suffix":
         return SuffixDrafter(gamma, **candidate.knobs)
     kinds = {kind: dict(policy) for kind, policy in candidate.kinds.items()}
     # finished rows first: a kind under "trees" then drafts exactly what vLLM's suffix proposer drafts
-    return structure_drafter(gamma, tokenizer, {**plan_fields, "kinds": kinds}, finished_first=True)
+    return structure_drafter(gamma, tokenizer, {**plan_fields, "kinds": kinds}, finished_first=True,
+                             qualified=qualified)

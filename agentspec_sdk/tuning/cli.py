@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from agentspec_sdk.errors import AgentSpecError
+from agentspec_sdk.tuning.choose import CLEAR_WIN_SE
 
 __all__ = ["tune"]
 
@@ -41,17 +42,25 @@ def tune(
                                                "below 50k output tokens, else up to 2"),
     model: str | None = typer.Option(None, "--model", help="the tokenizer the turns were captured with "
                                                            "(default: the default model)"),
+    clear_win_se: float = typer.Option(CLEAR_WIN_SE, "--clear-win-se",
+                                       help="a policy replaces a kind's default only where its mean saving "
+                                            "per episode exceeds this many standard errors"),
+    kind_default: str = typer.Option("class", "--kind-default",
+                                     help="the policy a kind keeps unless another clearly wins: class "
+                                          "(structure in schema kinds, trees elsewhere) or trees"),
 ) -> None:
     """Replay captured turns through vLLM's drafters and the structure drafter under per-segment-kind
     policies; choose per kind on one part of the episodes, report on the other, write the plan."""
     try:
-        _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, seed, jobs, model)
+        _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, seed, jobs, model,
+              clear_win_se, kind_default)
     except AgentSpecError as exc:
         typer.echo(f"agentspec tune: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
-def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, seed, jobs, model) -> None:
+def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, seed, jobs, model,
+          clear_win_se, kind_default) -> None:
     from agentspec_sdk.backends.capture import read_capture
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.drafting.plan import DraftPlan
@@ -64,7 +73,7 @@ def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, see
     known = [AgentFormat.from_dict(f) for f in base.formats] if base is not None else []
     ts = turn_set(read_capture(captures), known)
     opts = TuneOptions(gamma=gamma, batch=batch, delta=delta, d=d, holdout=holdout, seed=seed, jobs=jobs,
-                       model=resolve_model(model))
+                       model=resolve_model(model), clear_win_se=clear_win_se, kind_default=kind_default)
     opts.check()
     bar = None
 

@@ -16,23 +16,25 @@ __all__ = ["TurnLabeller"]
 
 class TurnLabeller:
     """`label(turn, fmt)` sets `turn["classes"]` (one letter per output token) and `turn["kinds"]` (one
-    segment kind name per output token) from the turn's output ids and its agent format."""
+    segment kind name per output token; `qualified`: "<format>.<kind>") from the turn's output ids and
+    its agent format."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.classifier = TokenClassifier(tokenizer)
 
-    def label(self, turn: dict, fmt: AgentFormat) -> None:
+    def label(self, turn: dict, fmt: AgentFormat, qualified: bool = False) -> None:
         out = turn["out"]
         text = self.tokenizer.decode(out, skip_special_tokens=True)
         spans = segment(fmt, text)
         turn["classes"] = self.classifier.labels(text, out, spans)
+        prefix = f"{fmt.name}." if qualified else ""
         if not spans:
-            turn["kinds"] = [fmt.initial] * len(out)
+            turn["kinds"] = [prefix + fmt.initial] * len(out)
             return
         ends = [sp.end for sp in spans]
         kinds = []
         for at in self.classifier.starts(text, out):
             j = min(bisect.bisect_right(ends, at), len(spans) - 1)
-            kinds.append(spans[j].kind)
+            kinds.append(prefix + spans[j].kind)
         turn["kinds"] = kinds

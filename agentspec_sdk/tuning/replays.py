@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from agentspec_sdk.tuning.candidates import Candidate, build_drafter, priced
-from agentspec_sdk.tuning.episodes import TurnSet
+from agentspec_sdk.tuning.episodes import TurnSet, episodes_of
 from agentspec_sdk.tuning.simulate import simulate
 from agentspec_sdk.tuning.trim import GrammarTrim
 
@@ -27,7 +27,8 @@ __all__ = ["ReplayPool", "ReplaySetting", "replay_candidate"]
 class ReplaySetting:
     """The deployment a replay stands for: draft length cap `gamma`, `batch` rows, `delta` (a drafted
     token's verify cost per row of a pass, in passes), the schedule, the model whose tokenizer the
-    turns were captured with, and the plan fields every structure candidate starts from."""
+    turns were captured with, and the plan fields every structure candidate starts from;
+    `qualified_kinds`: segment kinds attributed as "<format>.<kind>" (a capture of several formats)."""
 
     gamma: int
     batch: int
@@ -35,6 +36,7 @@ class ReplaySetting:
     model: str
     plan_fields: dict = field(default_factory=dict)
     schedule: str = "agents"
+    qualified_kinds: bool = False
 
     def structure_fields(self) -> dict:
         return {**self.plan_fields, "tokenizer": self.model, **priced(self.delta, self.batch)}
@@ -63,14 +65,33 @@ def _round_counts(records: list) -> dict:
     return dict(sorted(out.items()))
 
 
-def replay_candidate(candidate: Candidate, turns: list[dict], grammars: list, setting: ReplaySetting) -> dict:
-    """simulate's row of `candidate` on `turns` (copied: the replay keeps no state on them)."""
+def _by_episode(by_turn: list[dict], episodes: list) -> dict[str, dict]:
+    """simulate's per-turn counts summed per episode: {episode: {"all": counts, "kinds": {kind: counts}}}."""
+    out: dict[str, dict] = {}
+    for counts, episode in zip(by_turn, episodes, strict=True):
+        e = out.setdefault(str(episode), {"all": {"passes": 0, "drafted": 0, "accepted": 0}, "kinds": {}})
+        for key, value in counts["all"].items():
+            e["all"][key] += value
+        for kind, c in counts["kinds"].items():
+            k = e["kinds"].setdefault(kind, {"passes": 0, "drafted": 0, "accepted": 0})
+            for key, value in c.items():
+                k[key] += value
+    return out
+
+
+def replay_candidate(candidate: Candidate, turns: list[dict], grammars: list, setting: ReplaySetting,
+                     episodes: list | None = None) -> dict:
+    """simulate's row of `candidate` on `turns` (copied: the replay keeps no state on them); with
+    `episodes` (each turn's episode), also `by_episode` (`_by_episode`)."""
     tokenizer, ll = _tokenizers(setting.model)
-    drafter = build_drafter(candidate, setting.gamma, tokenizer, setting.structure_fields())
+    drafter = build_drafter(candidate, setting.gamma, tokenizer, setting.structure_fields(),
+                            qualified=setting.qualified_kinds)
     records: list = []
     trim = GrammarTrim(grammars, ll_tokenizer=ll)
     row = simulate([dict(t) for t in turns], drafter, setting.batch, trim=trim,
-                   schedule=setting.schedule, records=records)
+                   schedule=setting.schedule, records=records, per_turn=episodes is not None)
+    if episodes is not None:
+        row["by_episode"] = _by_episode(row.pop("by_turn"), episodes)
     row["rounds_by_class"] = _round_counts(records)
     row["cost"] = row["passes"] + setting.delta * row["drafted"]
     return row
@@ -80,13 +101,15 @@ _WORKER: dict = {}
 
 
 def _init_worker(turn_set: TurnSet, parts: dict[str, list[int]], setting: ReplaySetting) -> None:
-    _WORKER.update(turn_set=turn_set, parts=parts, setting=setting)
+    _WORKER.update(turn_set=turn_set, parts=parts, setting=setting, episodes=episodes_of(turn_set.turns))
 
 
 def _run_task(candidate: Candidate, part: str) -> dict:
     ts: TurnSet = _WORKER["turn_set"]
-    turns = [ts.turns[i] for i in _WORKER["parts"][part]]
-    return replay_candidate(candidate, turns, ts.grammars, _WORKER["setting"])
+    indices = _WORKER["parts"][part]
+    turns = [ts.turns[i] for i in indices]
+    episodes = [_WORKER["episodes"][i] for i in indices]
+    return replay_candidate(candidate, turns, ts.grammars, _WORKER["setting"], episodes)
 
 
 class ReplayPool:

@@ -94,8 +94,7 @@ def markdown(result: dict) -> str:
            f"drafted (schedule {s['schedule']}); {result['seconds']:.1f} s.", "", "## Notes", ""]
     out += [f"- {n}" for n in result["notes"]]
     plan = ("the per-kind composition" if result["plan_choice"] == "structure-per-kind" else
-            f"{result['plan_choice']} in every kind (it cost less on the fitting part than the per-kind "
-            "composition)")
+            f"{result['plan_choice']} in every kind ({result['plan_why']['reason']})")
     out += ["", "## Held-out result", "", f"The plan (structure-tuned): {plan}; kinds {result['kinds']}.", "",
             f"structure-tuned costs {h['structure_tuned']:.1f} passes on the held-out part; the best stock "
             f"drafter ({h['best_stock']}; suffix-tuned at {result['suffix_tuned_knobs']}, "
@@ -107,6 +106,14 @@ def markdown(result: dict) -> str:
     out += ["", "## Per segment kind (fitting part: cost (drafted/accepted) of the passes whose draft began "
             "in the kind)", ""]
     out += _kind_table(result)
+    out += ["", "Why each kind's policy (the clear-win rule, docs/tuning.md; least cost alone would choose "
+            f"{result['least_cost_choice']}):", ""]
+    out += [f"- {kind}: {why['chosen']}: {why['reason']}" for kind, why in result["choice_why"].items()]
+    oracle = result.get("held_out_oracle")
+    if oracle:
+        out += ["", "The bound: each kind's cheapest policy chosen on the held-out part itself "
+                f"({oracle['plan']}) costs {oracle['cost']:.1f} there: best stock ÷ it = "
+                f"{oracle['best_stock_over_oracle']:.3f}."]
     if result["stability"]:
         out += ["", "Chosen differently on the held-out part: " + ", ".join(
             f"{k} ({v['fit']} → {v['held_out']})" for k, v in result["stability"].items()) + "."]

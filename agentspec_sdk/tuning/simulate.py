@@ -60,7 +60,7 @@ def predecessors(turns: list[dict]) -> list[int | None]:
 
 
 def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, choose=None,
-             schedule: str = "groups", records: list | None = None) -> dict:
+             schedule: str = "groups", records: list | None = None, per_turn: bool = False) -> dict:
     """`propose`: a drafter `f(histories) -> drafts`; a keyed one (`keyed = True`, as vLLM's suffix
     proposer): called with rows (key, prompt length, history, tokens sampled since its last call)
     and told `retire(key, last tokens)` when a row finishes; a tuple of drafters, each called every
@@ -80,14 +80,15 @@ def simulate(turns: list[dict], propose, batch: int, gamma: int = 0, trim=None, 
     drafter's own segmentation), else `turn["kinds"]`. A drafter with `finished_first` is handed the
     rows that finished in the previous step before the active ones (`d(histories, first=n)` drafts
     for `histories[n:]`). `records`: a list that gets one
-    (law class, kind, drafted, accepted) per pass."""
+    (law class, kind, drafted, accepted) per pass. `per_turn`: the row also gets `by_turn`, per turn
+    (in `turns`' order) its passes, drafted and accepted, in all (`"all"`) and per kind (`"kinds"`)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    return _Replay(turns, propose, batch, gamma, trim, choose, schedule, records).run()
+    return _Replay(turns, propose, batch, gamma, trim, choose, schedule, records, per_turn).run()
 
 
 class _Replay:
-    def __init__(self, turns, propose, batch, gamma, trim, choose, schedule, records):
+    def __init__(self, turns, propose, batch, gamma, trim, choose, schedule, records, per_turn=False):
         self.turns, self.batch, self.gamma, self.trim, self.choose = turns, batch, gamma, trim, choose
         self.oracle = propose is None
         self.drafters = propose if isinstance(propose, tuple) else (propose,)
@@ -117,6 +118,8 @@ class _Replay:
         self.picks = [0] * len(self.drafters)
         self.by_class: dict[str, dict[str, int]] = {}
         self.by_kind: dict[str, dict[str, int]] = {}
+        self.by_turn = [{"all": {"passes": 0, "drafted": 0, "accepted": 0}, "kinds": {}} for _ in turns] \
+            if per_turn else None
 
     def _start_rows(self) -> None:
         if self.schedule == "groups":
@@ -199,6 +202,10 @@ class _Replay:
             self._count(self.by_class, cls, len(draft), a)
         if kind is not None:
             self._count(self.by_kind, kind, len(draft), a)
+        if self.by_turn is not None:
+            self._count(self.by_turn[i], "all", len(draft), a)
+            if kind is not None:
+                self._count(self.by_turn[i]["kinds"], kind, len(draft), a)
         if self.records is not None:
             self.records.append((cls, kind, len(draft), a))
         if pos[i] >= len(turn["out"]):
@@ -230,4 +237,6 @@ class _Replay:
             row["by_class"] = dict(sorted(self.by_class.items()))
         if self.by_kind:
             row["by_kind"] = dict(sorted(self.by_kind.items()))
+        if self.by_turn is not None:
+            row["by_turn"] = self.by_turn
         return row

@@ -12,16 +12,30 @@ from dataclasses import dataclass
 
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.errors import TuneError
+from agentspec_sdk.structure.formats import AgentFormat, LawClass
 from agentspec_sdk.tuning.candidates import Candidate, kind_candidates, stock_candidates, suffix_grid
-from agentspec_sdk.tuning.choose import best_stock, choose_per_kind, composed_kinds, cost, differences
+from agentspec_sdk.tuning.choose import (
+    CLEAR_WIN_SE,
+    DEFAULT_POLICY,
+    best_stock,
+    choose_clear_wins,
+    choose_per_kind,
+    clear_winner,
+    composed_kinds,
+    cost,
+    differences,
+)
 from agentspec_sdk.tuning.decisions import class_decisions, token_shares
 from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
 
-__all__ = ["AUTO_JOBS_TOKENS", "MAX_AUTO_JOBS", "PER_KIND", "PRICE_NOTE", "TuneOptions", "tune", "tuned_plan"]
+__all__ = ["AUTO_JOBS_TOKENS", "KIND_DEFAULTS", "MAX_AUTO_JOBS", "ORACLE", "PER_KIND", "PRICE_NOTE",
+           "TuneOptions", "kind_defaults", "tune", "tuned_plan"]
 
-PER_KIND = "structure-per-kind"  # the plan composed of each kind's cheapest policy
+PER_KIND = "structure-per-kind"  # the plan composed of each kind's chosen policy
+KIND_DEFAULTS = ("class", "trees")  # TuneOptions.kind_default
+ORACLE = "oracle-per-kind"  # each kind's cheapest policy on the held-out part, replayed there (the bound)
 # `jobs` 0: one process below this many output tokens (a worker's start, importing vLLM for the ngram
 # peer, costs more than such a capture's replays), else up to MAX_AUTO_JOBS
 AUTO_JOBS_TOKENS = 50_000
@@ -42,6 +56,12 @@ class TuneOptions:
     jobs: int = 1  # 0: by the capture's size (AUTO_JOBS_TOKENS)
     model: str = ""
     schedule: str = "agents"
+    # also replay the bound: each kind's cheapest policy chosen on the held-out part itself
+    oracle: bool = False
+    clear_win_se: float = CLEAR_WIN_SE  # the clear-win rule's constant (choose.py)
+    # the policy a kind keeps unless another clearly wins: "trees" in every kind, or "class": the
+    # structure drafter's defaults in kinds of law class S (schema), trees elsewhere
+    kind_default: str = "class"
 
     def check(self) -> None:
         if not 1 <= self.gamma <= 64:
@@ -54,6 +74,10 @@ class TuneOptions:
             raise TuneError(f"--delta must be in [0, 1), got {self.delta}")
         if self.d < 0:
             raise TuneError(f"--d must be >= 0, got {self.d}")
+        if self.clear_win_se < 0:
+            raise TuneError(f"--clear-win-se must be >= 0, got {self.clear_win_se}")
+        if self.kind_default not in KIND_DEFAULTS:
+            raise TuneError(f"--kind-default must be one of {KIND_DEFAULTS}, got {self.kind_default!r}")
 
 
 def _plan_fields(ts: TurnSet, base: DraftPlan | None, model: str) -> dict:
@@ -69,6 +93,20 @@ def _plan_fields(ts: TurnSet, base: DraftPlan | None, model: str) -> dict:
     tools += [t for t in ts.tools if t not in tools]
     return {**fields, "formats": list(formats.values()), "tools": tools,
             "tokenizer": fields.get("tokenizer") or model}
+
+
+def kind_defaults(plan_fields: dict, qualified: bool, rule: str) -> dict[str, str] | str:
+    """Per kind key, the candidate it keeps unless another clearly wins (`TuneOptions.kind_default`):
+    "trees" everywhere, or by law class ("structure" in S kinds, "trees" elsewhere)."""
+    if rule == "trees":
+        return DEFAULT_POLICY
+    out: dict[str, str] = {}
+    for f in plan_fields.get("formats", []):
+        fmt = AgentFormat.from_dict(f)
+        for kind in fmt.kinds:
+            key = f"{fmt.name}.{kind.name}" if qualified else kind.name
+            out.setdefault(key, "structure" if kind.law_class is LawClass.S else DEFAULT_POLICY)
+    return out
 
 
 def _suffix_tuned(rows: dict, delta: float) -> tuple[dict, dict]:
@@ -88,12 +126,14 @@ def tune(ts: TurnSet, opts: TuneOptions, base: DraftPlan | None = None,
     if labeller is None:
         from transformers import AutoTokenizer
         labeller = TurnLabeller(AutoTokenizer.from_pretrained(opts.model))
+    # several formats: kinds are chosen per format ("<format>.<kind>", the plan's most specific key)
+    qualified = len(ts.formats) > 1
     for t in ts.turns:
         if "kinds" not in t:
-            labeller.label(t, ts.formats[t["fmt"]])
+            labeller.label(t, ts.formats[t["fmt"]], qualified)
     fit, held = split_episodes(ts.turns, opts.holdout, opts.seed)
     setting = ReplaySetting(opts.gamma, opts.batch, opts.delta, opts.model,
-                            _plan_fields(ts, base, opts.model), opts.schedule)
+                            _plan_fields(ts, base, opts.model), opts.schedule, qualified)
     if opts.jobs == 0:
         jobs = 1 if ts.tokens < AUTO_JOBS_TOKENS else min(MAX_AUTO_JOBS, os.cpu_count() or 1)
         opts = dataclasses.replace(opts, jobs=jobs)
@@ -112,7 +152,8 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
         first = ([(c, "fit") for c in grid] + [(ngram, "fit"), (ngram, "held"), (suffix, "held")]
                  + [(c, part) for c in no_trees for part in ("fit", "held")])
         # the second and third rounds: trees and the composed plan on both parts, suffix-tuned held out
-        later = {"fit": 2, "held": 3}
+        # (and the oracle's composition)
+        later = {"fit": 2, "held": 3 + opts.oracle}
         total = sum(pool.tokens(p) * (sum(q == p for _, q in first) + later[p]) for p in ("fit", "held"))
         done = 0
 
@@ -133,22 +174,39 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
         policies = {c.name: c.kinds["*"] for c in candidates}
         fit_rows = {c.name: rows[(c.name, "fit")] for c in candidates}
         held_rows = {c.name: rows[(c.name, "held")] for c in candidates}
-        choice, choice_held = choose_per_kind(fit_rows, opts.delta), choose_per_kind(held_rows, opts.delta)
-        composed = Candidate(PER_KIND, "structure", kinds=composed_kinds(choice, policies))
-        rows.update(pool.run([(composed, "fit"), (composed, "held")], step))
-    # the plan: the per-kind composition, or a candidate of one policy everywhere where that costs less
-    # on the fitting part (the kinds' costs were measured apart; composed, they interact)
-    plans = [composed, *candidates]
-    winner = min(plans, key=lambda c: (cost(rows[(c.name, "fit")], opts.delta), plans.index(c)))
+        z, defaults = opts.clear_win_se, kind_defaults(setting.plan_fields, setting.qualified_kinds,
+                                                         opts.kind_default)
+        (choice, why), (choice_held, _) = (choose_clear_wins(fit_rows, opts.delta, defaults, z),
+                                           choose_clear_wins(held_rows, opts.delta, defaults, z))
+        composed = Candidate(PER_KIND, "structure",
+                             kinds=composed_kinds(choice, policies, default=DEFAULT_POLICY))
+        tasks = [(composed, "fit"), (composed, "held")]
+        oracle = Candidate(ORACLE, "structure", kinds=composed_kinds(choose_per_kind(held_rows, opts.delta),
+                                                                     policies, default=DEFAULT_POLICY))
+        tasks += [(oracle, "held")] if opts.oracle else []
+        rows.update(pool.run(tasks, step))
+    # the plan: the per-kind composition, unless one policy everywhere clearly beats it on the fitting
+    # part, paired by episode (the kinds' costs were measured apart; composed, they interact)
+    plans = {c.name: c for c in (composed, *candidates)}
+    name, plan_why = clear_winner(PER_KIND, {n: rows[(n, "fit")] for n in plans}, opts.delta,
+                                  z=opts.clear_win_se)
     for part in ("fit", "held"):
-        rows[("structure-tuned", part)] = rows[(winner.name, part)]
-    tuned = {"plan": winner.name, "kinds": winner.kinds}
+        rows[("structure-tuned", part)] = rows[(name, part)]
+    tuned = {"plan": name, "kinds": plans[name].kinds, "why": why, "plan_why": plan_why,
+             "least_cost_choice": choose_per_kind(fit_rows, opts.delta)}
+    if opts.oracle:
+        held_costs = {n: cost(rows[(n, "held")], opts.delta) for n in (ORACLE, *(c.name for c in candidates))}
+        best = min(held_costs, key=held_costs.get)
+        tuned["oracle"] = {"plan": best, "kinds": (oracle if best == ORACLE else plans[best]).kinds,
+                           "cost": held_costs[best]}
     return _result(ts, opts, rows, fit, held, knobs, choice, choice_held, tuned, candidates, started)
 
 
 def _part_rows(rows: dict, part: str, names: list[str], tokens: int) -> dict:
+    """The part's rows by name (the per-episode counts, used by the choice only, left out)."""
     out = {"off": {"passes": tokens, "drafted": 0, "accepted": 0, "cost": float(tokens)}}
-    out.update({n: rows[(n, part)] for n in names if (n, part) in rows})
+    out.update({n: {k: v for k, v in rows[(n, part)].items() if k != "by_episode"}
+                for n in names if (n, part) in rows})
     return out
 
 
@@ -157,7 +215,8 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candida
     held_turns = [ts.turns[i] for i in held]
     tokens = {"fit": sum(len(t["out"]) - 1 for t in fit_turns),
               "held": sum(len(t["out"]) - 1 for t in held_turns)}
-    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], PER_KIND, "structure-tuned"]
+    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], PER_KIND, ORACLE,
+             "structure-tuned"]
     fit_rows = _part_rows(rows, "fit", names + [c.name for c in suffix_grid()], tokens["fit"])
     held_rows = _part_rows(rows, "held", names, tokens["held"])
     for part_rows in (fit_rows, held_rows):
@@ -168,9 +227,13 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candida
     stock_name, stock_cost = best_stock(held_rows, opts.delta)
     tuned = held_rows["structure-tuned"]["cost"]
     episodes = episodes_of(ts.turns)
+    oracle = plan.get("oracle")
+    if oracle is not None:
+        oracle = {**oracle, "best_stock_over_oracle": stock_cost / oracle["cost"] if oracle["cost"] else None}
     return {
         "settings": {"gamma": opts.gamma, "batch": opts.batch, "delta": opts.delta, "d": opts.d,
                      "holdout": opts.holdout, "seed": opts.seed, "schedule": opts.schedule,
+                     "clear_win_se": opts.clear_win_se, "kind_default": opts.kind_default,
                      "model": opts.model,
                      "jobs": opts.jobs},
         "turns": len(ts.turns), "episodes": {"all": len(set(episodes)),
@@ -179,7 +242,9 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candida
         "tokens": tokens, "notes": [*ts.notes, PRICE_NOTE],
         "suffix_tuned_knobs": knobs, "choice": choice, "choice_held_out": choice_held,
         "stability": {k: {"fit": a, "held_out": b} for k, (a, b) in differences(choice, choice_held).items()},
-        "plan_choice": plan["plan"], "kinds": plan["kinds"], "fit": fit_rows, "held_out": held_rows,
+        "choice_why": plan["why"], "least_cost_choice": plan["least_cost_choice"],
+        "plan_choice": plan["plan"], "plan_why": plan["plan_why"], "kinds": plan["kinds"],
+        "fit": fit_rows, "held_out": held_rows, "held_out_oracle": oracle,
         "held_out_summary": {"structure_tuned": tuned, "structure": held_rows["structure"]["cost"],
                              "best_stock": stock_name, "best_stock_cost": stock_cost,
                              "best_stock_over_tuned": stock_cost / tuned if tuned else None},
