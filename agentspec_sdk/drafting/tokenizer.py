@@ -29,9 +29,9 @@ def ll_tokenizer(tokenizer):
 
 
 class MemoTokenizer:
-    """The llguidance tokenizer's `tokenize_str`, remembered for up to `size` texts (then forgotten
-    all at once), with `tokenize_bytes`, `decode_bytes` and `decode_str` passed through: what
-    `forced.canonical_tokens` and the tool-call matchers (`forced.CallMatcher`) call.
+    """The llguidance tokenizer's `tokenize_str` and `tokenize_bytes`, each remembered for up to
+    `size` texts (then forgotten all at once), with `decode_bytes` and `decode_str` passed through:
+    what `forced.canonical_tokens` and the tool-call matchers (`forced.CallMatcher`) call.
 
     Every turn opens with the same text (the chat template's last tokens, then the opening the
     format forces, e.g. `assistant\n<tool_call>{"name":"`), and draft text recurs: 15–43% of
