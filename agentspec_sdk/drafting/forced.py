@@ -64,9 +64,31 @@ class CallMatcher:
 
     def forced_text(self, content: str) -> str:
         """Text the grammar forces after `content` (the JSON typed so far in this segment)."""
+        synced = self._synced(content)
+        if synced is None:
+            return ""
+        body, rest = synced
+        if rest is not None:
+            return self._close_after(rest)
+        forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
+        if forced and (self.close or self.chains) and self._ends_object(forced):
+            forced += self.close
+            self.finished = True
+        return forced
+
+    def sync(self, content: str) -> None:
+        """The matcher synced with `content` as `forced_text` leaves it, without computing the forced
+        text (what `allowed_after` needs before it trims a lookup)."""
+        synced = self._synced(content)
+        if synced is not None and synced[1] is not None:
+            self._close_after(synced[1])
+
+    def _synced(self, content: str) -> tuple[str, str | None] | None:
+        """Sync the matcher with `content`: None where the call is dead (nothing can be forced),
+        (body, None) while the JSON object is open, (body, text typed after it) once it is complete."""
         self.finished = False
         if self.dead:
-            return ""
+            return None
         body = self._body(content)
         rest = ""
         if self.complete or self.matcher.is_stopped():
@@ -76,17 +98,13 @@ class CallMatcher:
             if not ok:
                 if not self.matcher.is_accepting():
                     self.dead = True
-                    return ""
+                    return None
                 self.complete = True
                 body, rest = self._split_done(body)
         if self.complete or self.matcher.is_stopped():
             self.complete = True
-            return self._close_after(rest)
-        forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
-        if forced and (self.close or self.chains) and self._ends_object(forced):
-            forced += self.close
-            self.finished = True
-        return forced
+            return body, rest
+        return body, None
 
     def _body(self, content: str) -> str:
         return self.prefix + content.lstrip()
@@ -131,7 +149,7 @@ class CallMatcher:
     def allowed_after(self, content: str, more: str) -> str:
         """The prefix of lookup text `more` the grammar allows after `content`; whitespace before the
         JSON starts (a newline after the open marker) is allowed as the model may write it."""
-        self.forced_text(content)  # sync the matcher with the draft so far
+        self.sync(content)  # the matcher at the draft so far
         lead = ""
         if not content.strip():
             lead = more[: len(more) - len(more.lstrip())]
@@ -254,7 +272,7 @@ class ListMatcher(CallMatcher):
 
     def allowed_after(self, content: str, more: str) -> str:
         if self.prefix:  # no whitespace before the list: its first character opened the segment
-            self.forced_text(content)
+            self.sync(content)
             return self.valid_prefix(more)
         return super().allowed_after(content, more)
 
