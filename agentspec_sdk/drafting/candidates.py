@@ -318,7 +318,11 @@ class TreeSource:
 def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:
     """How many of `tokens` lie inside the segmenter's current segment (a token holding the boundary
     is out)."""
-    pieces = [token_bytes[t] for t in tokens]
+    table = token_bytes.table
+    try:
+        pieces = [table[t] for t in tokens]
+    except IndexError:  # an id past the vocabulary's bytes (a padded vocabulary): no bytes
+        pieces = [token_bytes[t] for t in tokens]
     text = b"".join(pieces).decode("utf-8", errors="replace")
     cut = seg.boundary_in(text)
     if cut is None:

@@ -194,7 +194,7 @@ _REAPER = _Reaper()
 
 
 def _tokens_and_confidences(draft) -> tuple[list[int], list[float]]:
-    tokens = [int(t) for t in draft.token_ids]
+    tokens = list(map(int, draft.token_ids))
     conf, before = [], 1.0
     for p in draft.probs:
         p = float(p)
