@@ -27,7 +27,8 @@ MAX_EXTEND_CHARS = 8
 class CallMatcher:
     """Grammar state of one tool-call segment."""
 
-    __slots__ = ("ll", "matcher", "fed", "cuts", "fed_bytes", "dead", "close", "complete", "finished")
+    __slots__ = ("ll", "matcher", "fed", "cuts", "fed_bytes", "dead", "close", "complete", "finished",
+                 "_opening")
 
     prefix = ""  # text the grammar expects before the segment's content (see ArgsMatcher)
     # lookup text may follow forced text though no close marker ends the segment (a call list)
@@ -46,6 +47,9 @@ class CallMatcher:
         self.close = close_marker  # what follows the call: its close marker, a newline first if required
         self.complete = False  # the JSON object is finished (only the close marker may follow)
         self.finished = False  # the last forced text ended the grammar (ListMatcher: the turn)
+        # what the grammar forces at its start (nothing consumed, empty body), once computed: the same
+        # for every fork (a begun open marker's draft and a new call's first step ask for it)
+        self._opening: list[tuple[str, bool]] = []
 
     def fork(self) -> CallMatcher:
         """A fresh matcher for a new segment, sharing the compiled grammar."""
@@ -53,6 +57,7 @@ class CallMatcher:
         other.ll, other.matcher = self.ll, self.matcher.deep_copy()
         other._clear()
         other.dead, other.close, other.complete, other.finished = False, self.close, False, False
+        other._opening = self._opening
         return other
 
     def _clear(self) -> None:
@@ -70,10 +75,16 @@ class CallMatcher:
         body, rest = synced
         if rest is not None:
             return self._close_after(rest)
+        at_start = not body and not self.fed
+        if at_start and self._opening:
+            forced, self.finished = self._opening[0]
+            return forced
         forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
         if forced and (self.close or self.chains) and self._ends_object(forced):
             forced += self.close
             self.finished = True
+        if at_start:
+            self._opening[:] = [(forced, self.finished)]
         return forced
 
     def sync(self, content: str) -> None:
