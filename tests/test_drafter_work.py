@@ -200,6 +200,35 @@ def test_a_text_tokenized_again_is_answered_from_memory():
     assert memo.tokenize_str("ab") == [97, 98] and ll.calls == ["ab", "c", "d", "e", "ab"]
 
 
+def test_bytes_tokenized_again_are_answered_from_memory():
+    """`MemoTokenizer.tokenize_bytes` (what a tool-call matcher's sync tokenizes): the same as
+    `tokenize_str`'s memory, kept apart from it, every answer a copy."""
+    from agentspec_sdk.drafting.tokenizer import MemoTokenizer
+
+    class Counting:
+        def __init__(self):
+            self.calls = []
+
+        def tokenize_bytes(self, data):
+            self.calls.append(data)
+            return list(data)
+
+        def tokenize_str(self, text):
+            self.calls.append(text)
+            return [ord(c) for c in text]
+
+    ll = Counting()
+    memo = MemoTokenizer(ll, size=2)
+    first = memo.tokenize_bytes(b"ab")
+    first.append(0)
+    assert memo.tokenize_bytes(b"ab") == [97, 98] and ll.calls == [b"ab"]
+    assert memo.tokenize_str("ab") == [97, 98] and ll.calls == [b"ab", "ab"]  # a memory of its own
+    memo.tokenize_bytes(b"\xe2\x82")  # a character cut in two is remembered too
+    assert memo.tokenize_bytes(b"\xe2\x82") == [0xE2, 0x82] and ll.calls.count(b"\xe2\x82") == 1
+    memo.tokenize_bytes(b"c")  # the third distinct text clears the memory
+    assert memo.tokenize_bytes(b"ab") == [97, 98] and ll.calls.count(b"ab") == 2
+
+
 class _Counting:
     """Forwards to an llguidance object and counts the calls (a matcher's copies count too)."""
 

@@ -402,3 +402,37 @@ def test_a_matcher_tokenizes_recurring_text_once(tok):
         assert memo.allowed_after(head, lookup) == plain.allowed_after(head, lookup) == 'celsius"}}'
         assert memo.forced_text(head + 'celsius"') == plain.forced_text(head + 'celsius"') == "}}</tool_call>"
     assert counting.texts and len(counting.texts) == len(set(counting.texts))
+
+
+def test_what_a_grammar_forces_at_its_start_is_computed_once_per_prototype(tok):
+    """A fork's forced text before anything is consumed (a begun open marker's draft, a new call's
+    first step: only whitespace typed) is its prototype's, computed by the first fork that asks:
+    the same text and `finished` as a matcher computing it, and the matcher then goes on as one
+    that computed it."""
+    import llguidance.hf
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    grammar = tool_call_grammar([*_registry([WEATHER])])
+    proto = CallMatcher(ll, grammar, "</tool_call>")
+    first, second = proto.fork(), proto.fork()
+    opening = first.forced_text("")
+    assert opening == CallMatcher(ll, grammar, "</tool_call>").forced_text("") and opening
+    calls = []
+    second.matcher = _Recording(second.matcher, calls)
+    assert second.forced_text("\n") == opening and not second.finished
+    assert "compute_ff_bytes" not in calls  # answered from the prototype's
+    # once something is consumed, the matcher computes again
+    assert second.forced_text('\n{"name":"get_weather","arguments":{"ci') == 'ty":"'
+    assert "compute_ff_bytes" in calls
+
+
+class _Recording:
+    """Forwards to an llguidance matcher and records the names of the methods called."""
+
+    def __init__(self, matcher, calls: list):
+        self._matcher, self._calls = matcher, calls
+
+    def __getattr__(self, name):
+        attr = getattr(self._matcher, name)
+        self._calls.append(name)
+        return attr

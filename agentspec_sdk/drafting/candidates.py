@@ -323,7 +323,11 @@ def opening_of(st: RowState):
 def tokens_inside(token_bytes: TokenBytes, seg: Segmenter, tokens: list[int]) -> int:
     """How many of `tokens` lie inside the segmenter's current segment (a token holding the boundary
     is out)."""
-    pieces = [token_bytes[t] for t in tokens]
+    table = token_bytes.table
+    try:
+        pieces = [table[t] for t in tokens]
+    except IndexError:  # an id past the vocabulary's bytes (a padded vocabulary): no bytes
+        pieces = [token_bytes[t] for t in tokens]
     text = b"".join(pieces).decode("utf-8", errors="replace")
     cut = seg.boundary_in(text)
     if cut is None:
@@ -349,10 +353,12 @@ def _token_sources(token_bytes: TokenBytes, tokens: list[int], text: str,
     if not parts:
         return ["lookup"] * len(tokens)
     starts = [len(text[:at].encode("utf-8")) for at, _ in parts]
-    out, pos, k = [], 0, 0
+    out, pos, k, last = [], 0, 0, len(starts) - 1
+    table = token_bytes.table
+    size = len(table)
     for tok in tokens:
-        while k + 1 < len(starts) and starts[k + 1] <= pos:
+        while k < last and starts[k + 1] <= pos:
             k += 1
         out.append(parts[k][1])
-        pos += len(token_bytes[tok])
+        pos += len(table[tok]) if 0 <= tok < size else len(token_bytes[tok])
     return out

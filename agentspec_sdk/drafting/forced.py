@@ -27,7 +27,8 @@ MAX_EXTEND_CHARS = 8
 class CallMatcher:
     """Grammar state of one tool-call segment."""
 
-    __slots__ = ("ll", "matcher", "fed", "cuts", "fed_bytes", "dead", "close", "complete", "finished")
+    __slots__ = ("ll", "matcher", "fed", "cuts", "fed_bytes", "dead", "close", "complete", "finished",
+                 "_opening")
 
     prefix = ""  # text the grammar expects before the segment's content (see ArgsMatcher)
     # lookup text may follow forced text though no close marker ends the segment (a call list)
@@ -46,6 +47,9 @@ class CallMatcher:
         self.close = close_marker  # what follows the call: its close marker, a newline first if required
         self.complete = False  # the JSON object is finished (only the close marker may follow)
         self.finished = False  # the last forced text ended the grammar (ListMatcher: the turn)
+        # what the grammar forces at its start (nothing consumed, empty body), once computed: the same
+        # for every fork (a begun open marker's draft and a new call's first step ask for it)
+        self._opening: list[tuple[str, bool]] = []
 
     def fork(self) -> CallMatcher:
         """A fresh matcher for a new segment, sharing the compiled grammar."""
@@ -53,6 +57,7 @@ class CallMatcher:
         other.ll, other.matcher = self.ll, self.matcher.deep_copy()
         other._clear()
         other.dead, other.close, other.complete, other.finished = False, self.close, False, False
+        other._opening = self._opening
         return other
 
     def _clear(self) -> None:
@@ -64,9 +69,37 @@ class CallMatcher:
 
     def forced_text(self, content: str) -> str:
         """Text the grammar forces after `content` (the JSON typed so far in this segment)."""
+        synced = self._synced(content)
+        if synced is None:
+            return ""
+        body, rest = synced
+        if rest is not None:
+            return self._close_after(rest)
+        at_start = not body and not self.fed
+        if at_start and self._opening:
+            forced, self.finished = self._opening[0]
+            return forced
+        forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
+        if forced and (self.close or self.chains) and self._ends_object(forced):
+            forced += self.close
+            self.finished = True
+        if at_start:
+            self._opening[:] = [(forced, self.finished)]
+        return forced
+
+    def sync(self, content: str) -> None:
+        """The matcher synced with `content` as `forced_text` leaves it, without computing the forced
+        text (what `allowed_after` needs before it trims a lookup)."""
+        synced = self._synced(content)
+        if synced is not None and synced[1] is not None:
+            self._close_after(synced[1])
+
+    def _synced(self, content: str) -> tuple[str, str | None] | None:
+        """Sync the matcher with `content`: None where the call is dead (nothing can be forced),
+        (body, None) while the JSON object is open, (body, text typed after it) once it is complete."""
         self.finished = False
         if self.dead:
-            return ""
+            return None
         body = self._body(content)
         rest = ""
         if self.complete or self.matcher.is_stopped():
@@ -76,17 +109,13 @@ class CallMatcher:
             if not ok:
                 if not self.matcher.is_accepting():
                     self.dead = True
-                    return ""
+                    return None
                 self.complete = True
                 body, rest = self._split_done(body)
         if self.complete or self.matcher.is_stopped():
             self.complete = True
-            return self._close_after(rest)
-        forced = self._trim(body, _utf8_prefix(self.matcher.compute_ff_bytes()))
-        if forced and (self.close or self.chains) and self._ends_object(forced):
-            forced += self.close
-            self.finished = True
-        return forced
+            return body, rest
+        return body, None
 
     def _body(self, content: str) -> str:
         return self.prefix + content.lstrip()
@@ -131,7 +160,7 @@ class CallMatcher:
     def allowed_after(self, content: str, more: str) -> str:
         """The prefix of lookup text `more` the grammar allows after `content`; whitespace before the
         JSON starts (a newline after the open marker) is allowed as the model may write it."""
-        self.forced_text(content)  # sync the matcher with the draft so far
+        self.sync(content)  # the matcher at the draft so far
         lead = ""
         if not content.strip():
             lead = more[: len(more) - len(more.lstrip())]
@@ -254,7 +283,7 @@ class ListMatcher(CallMatcher):
 
     def allowed_after(self, content: str, more: str) -> str:
         if self.prefix:  # no whitespace before the list: its first character opened the segment
-            self.forced_text(content)
+            self.sync(content)
             return self.valid_prefix(more)
         return super().allowed_after(content, more)
 

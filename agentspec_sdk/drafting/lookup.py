@@ -193,6 +193,7 @@ _OFFSET_BITS = np.uint64(32)
 _MAX_OFFSET = 1 << 32
 _OFFSET_MASK = np.uint64(_MAX_OFFSET - 1)
 _MASK64 = (1 << 64) - 1
+_MIX_INT = int(_MIX)
 
 
 def _gram_codes(codes: np.ndarray, gram: int) -> np.ndarray:
@@ -224,9 +225,18 @@ def _key_code(key: str) -> int:
     return h
 
 
+_KEY_HASHES: dict[str, int] = {}  # a query's last grams are looked up in every corpus of a lookup
+_KEY_HASHES_MAX = 1 << 16
+
+
 def _key_hash(key: str) -> int:
     """`_gram_keys` of one gram, in Python integers."""
-    return ((_key_code(key) * int(_MIX)) & _MASK64) >> 32
+    h = _KEY_HASHES.get(key)
+    if h is None:
+        if len(_KEY_HASHES) >= _KEY_HASHES_MAX:
+            _KEY_HASHES.clear()
+        h = _KEY_HASHES[key] = ((_key_code(key) * _MIX_INT) & _MASK64) >> 32
+    return h
 
 
 def continuation(query: str, corpora: Sequence[tuple[str | CorpusIndex, int]], *, min_chars: int = 3,

@@ -194,9 +194,14 @@ _REAPER = _Reaper()
 
 
 def _tokens_and_confidences(draft) -> tuple[list[int], list[float]]:
-    tokens = [int(t) for t in draft.token_ids]
+    tokens = list(map(int, draft.token_ids))
     conf, before = [], 1.0
-    for p in (float(p) for p in draft.probs):
-        conf.append(min(p / before, 1.0) if before > 0 else 0.0)
+    for p in draft.probs:
+        p = float(p)
+        if before > 0:
+            c = p / before
+            conf.append(1.0 if c > 1.0 else c)
+        else:
+            conf.append(0.0)
         before = p
     return tokens, conf

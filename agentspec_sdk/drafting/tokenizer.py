@@ -29,9 +29,9 @@ def ll_tokenizer(tokenizer):
 
 
 class MemoTokenizer:
-    """The llguidance tokenizer's `tokenize_str`, remembered for up to `size` texts (then forgotten
-    all at once), with `tokenize_bytes`, `decode_bytes` and `decode_str` passed through: what
-    `forced.canonical_tokens` and the tool-call matchers (`forced.CallMatcher`) call.
+    """The llguidance tokenizer's `tokenize_str` and `tokenize_bytes`, each remembered for up to
+    `size` texts (then forgotten all at once), with `decode_bytes` and `decode_str` passed through:
+    what `forced.canonical_tokens` and the tool-call matchers (`forced.CallMatcher`) call.
 
     Every turn opens with the same text (the chat template's last tokens, then the opening the
     format forces, e.g. `assistant\n<tool_call>{"name":"`), and draft text recurs: 15–43% of
@@ -40,11 +40,12 @@ class MemoTokenizer:
     trimmed to what the grammar allows) 67-78% (docs/experiments/2026-12-06-corpus-index-and-token-value.md,
     2026-12-06-matcher-memo-and-suffix-fallback.md)."""
 
-    __slots__ = ("ll", "size", "_memo")
+    __slots__ = ("ll", "size", "_memo", "_bytes_memo")
 
     def __init__(self, ll, size: int = 1024):
         self.ll, self.size = ll, size
         self._memo: dict[str, list[int]] = {}
+        self._bytes_memo: dict[bytes, list[int]] = {}
 
     def tokenize_str(self, text: str) -> list[int]:
         tokens = self._memo.get(text)
@@ -55,7 +56,12 @@ class MemoTokenizer:
         return list(tokens)  # a copy: callers slice and keep what they get
 
     def tokenize_bytes(self, data: bytes) -> list[int]:
-        return self.ll.tokenize_bytes(data)
+        tokens = self._bytes_memo.get(data)
+        if tokens is None:
+            if len(self._bytes_memo) >= self.size:
+                self._bytes_memo.clear()
+            tokens = self._bytes_memo[data] = self.ll.tokenize_bytes(data)
+        return list(tokens)
 
     def decode_bytes(self, tokens) -> bytes:
         return self.ll.decode_bytes(tokens)

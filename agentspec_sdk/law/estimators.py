@@ -397,8 +397,15 @@ class OnlineCalibration:
         return min((cell[0] + s) / (cell[1] + s), self.max_factor)
 
     def factors(self, cls: str, kind: str | None, source: str) -> tuple[float, ...]:
-        """`factor` at each depth bucket (`DEPTHS`)."""
-        return tuple(self.factor(cls, kind, source, j) for j in self.DEPTHS)
+        """`factor` at each depth bucket (`DEPTHS`), in one pass over the cells (a row's candidate
+        asks for them every step)."""
+        cells, s, top = self._cells, self.prior_strength, self.max_factor
+        out = []
+        for bucket in range(len(self.DEPTHS)):
+            cell = (kind is not None and cells.get((cls, kind, source, bucket))) \
+                or cells.get((cls, None, source, bucket))
+            out.append(1.0 if cell is None else min((cell[0] + s) / (cell[1] + s), top))
+        return tuple(out)
 
     def snapshot(self) -> dict:
         return {f"{c}/{k if k is not None else '*'}/{src}/{self.DEPTHS[b]}":

@@ -214,6 +214,8 @@ class Segmenter:
         """
         if not text:
             return None
+        if not self._held and not self._fresh and self._mode.regex.search(text) is None:
+            return None  # no live marker in it: what `_scan` finds too, without its state saved
         saved = (self._kind, self._close, self._sub, self._escape, self._start, self._pos, self._held,
                  self._mode, self._fresh)
         try:
