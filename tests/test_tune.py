@@ -15,6 +15,7 @@ from agentspec_sdk.cli import app
 from agentspec_sdk.drafting.plan import DraftPlan, segment_kinds
 from agentspec_sdk.errors import TuneError
 from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
+from agentspec_sdk.tuning.candidates import Candidate
 from agentspec_sdk.tuning.choose import (
     best_stock,
     choose_clear_wins,
@@ -25,9 +26,9 @@ from agentspec_sdk.tuning.choose import (
     paired_saving,
 )
 from agentspec_sdk.tuning.decisions import class_decisions
-from agentspec_sdk.tuning.episodes import episodes_of, split_episodes
+from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.simulate import predecessors, simulate
-from agentspec_sdk.tuning.tuner import kind_defaults
+from agentspec_sdk.tuning.tuner import PER_FORMAT, PER_KIND, TuneOptions, kind_defaults, per_format_plan
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -341,4 +342,43 @@ def test_tune_on_two_formats_chooses_per_format_and_kind(tmp_path):
     assert all("." in k for k in data["choice"])
     plan = DraftPlan.load(out)
     assert {f["name"] for f in plan.formats} >= {"tool_calls", "code_agent"}
-    assert set(plan.kinds) - {"*"} == set(data["choice"]) or data["plan_choice"] != "structure-per-kind"
+    assert set(data["plan_why"]["per_format"]) == {"tool_calls", "code_agent"}  # the fallback per format
+    if data["plan_choice"] == PER_KIND:
+        assert set(plan.kinds) - {"*"} == set(data["choice"])
+    else:
+        assert data["plan_choice"] == PER_FORMAT, data["plan_choice"]
+        for fmt, why in data["plan_why"]["per_format"].items():
+            mine = {k: v for k, v in plan.kinds.items() if k.startswith(fmt + ".")}
+            if why["chosen"] != PER_KIND:  # one policy in all the format's kinds
+                assert len({repr(v) for v in mine.values()}) == 1, mine
+
+
+def test_one_policy_replaces_the_composition_only_in_the_format_where_it_clearly_wins():
+    """Two formats; on the tool-call episodes `lookup6` everywhere saves 3 passes an episode over the
+    per-kind composition every time, on the code episodes it loses: the plan takes lookup6 in every
+    tool-call kind and keeps the composition's code kinds."""
+    turns = [{"prompt": [j], "out": [1, 2], "fmt": "tool_calls" if j < 4 else "code_agent",
+              "episode": f"e{j}"} for j in range(8)]
+    ts = TurnSet(turns, formats={"tool_calls": TOOL_CALLS, "code_agent": CODE_AGENT})
+
+    def row(costs):  # {episode number: passes}
+        return {"by_episode": {str(e): {"all": {"passes": p, "drafted": 0, "accepted": 0}, "kinds": {}}
+                               for e, p in costs.items()}}
+
+    composed_kinds = {"tool_calls.tool_call": {}, "code_agent.code": {"policy": "trees"}}
+    plans = {PER_KIND: Candidate(PER_KIND, "structure", kinds=composed_kinds),
+             "lookup6": Candidate("lookup6", "structure", kinds={"*": {"lookup_min_chars": 6}})}
+    rows = {(PER_KIND, "fit"): row({e: 50 + e % 2 for e in range(8)}),
+            ("lookup6", "fit"): row({e: (47 + e % 2) if e < 4 else 60 for e in range(8)})}
+    policies = {"lookup6": {"lookup_min_chars": 6}}
+    mixed, why = per_format_plan(ts, None, rows, plans, policies, TuneOptions())
+    assert why["per_format"]["tool_calls"]["chosen"] == "lookup6"
+    assert why["per_format"]["code_agent"]["chosen"] == PER_KIND
+    assert mixed.name == PER_FORMAT
+    assert {k for k in mixed.kinds if k.startswith("tool_calls.")} == {
+        f"tool_calls.{k.name}" for k in TOOL_CALLS.kinds}
+    assert all(mixed.kinds[f"tool_calls.{k.name}"] == {"lookup_min_chars": 6} for k in TOOL_CALLS.kinds)
+    assert mixed.kinds["code_agent.code"] == {"policy": "trees"}
+    # the code episodes alone: the composition kept, nothing to replay
+    rows[("lookup6", "fit")] = row({e: 60 for e in range(8)})
+    assert per_format_plan(ts, None, rows, plans, policies, TuneOptions())[0] is None

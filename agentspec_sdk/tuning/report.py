@@ -93,8 +93,10 @@ def markdown(result: dict) -> str:
            f"cost = passes + {s['delta']} × "
            f"drafted (schedule {s['schedule']}); {result['seconds']:.1f} s.", "", "## Notes", ""]
     out += [f"- {n}" for n in result["notes"]]
-    plan = ("the per-kind composition" if result["plan_choice"] == "structure-per-kind" else
-            f"{result['plan_choice']} in every kind ({result['plan_why']['reason']})")
+    plan = {"structure-per-kind": "the per-kind composition",
+            "structure-per-format": f"per format, the per-kind composition or one policy "
+                                    f"({result['plan_why']['reason']})"}.get(
+        result["plan_choice"], f"{result['plan_choice']} in every kind ({result['plan_why']['reason']})")
     out += ["", "## Held-out result", "", f"The plan (structure-tuned): {plan}; kinds {result['kinds']}.", "",
             f"structure-tuned costs {h['structure_tuned']:.1f} passes on the held-out part; the best stock "
             f"drafter ({h['best_stock']}; suffix-tuned at {result['suffix_tuned_knobs']}, "

@@ -30,10 +30,11 @@ from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
 
-__all__ = ["AUTO_JOBS_TOKENS", "KIND_DEFAULTS", "MAX_AUTO_JOBS", "ORACLE", "PER_KIND", "PRICE_NOTE",
-           "TuneOptions", "kind_defaults", "tune", "tuned_plan"]
+__all__ = ["AUTO_JOBS_TOKENS", "KIND_DEFAULTS", "MAX_AUTO_JOBS", "ORACLE", "PER_FORMAT", "PER_KIND",
+           "PRICE_NOTE", "TuneOptions", "kind_defaults", "per_format_plan", "tune", "tuned_plan"]
 
 PER_KIND = "structure-per-kind"  # the plan composed of each kind's chosen policy
+PER_FORMAT = "structure-per-format"  # per format: the composition or one policy, by the clear-win rule
 KIND_DEFAULTS = ("class", "trees")  # TuneOptions.kind_default
 ORACLE = "oracle-per-kind"  # each kind's cheapest policy on the held-out part, replayed there (the bound)
 # `jobs` 0: one process below this many output tokens (a worker's start, importing vLLM for the ngram
@@ -153,7 +154,7 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
                  + [(c, part) for c in no_trees for part in ("fit", "held")])
         # the second and third rounds: trees and the composed plan on both parts, suffix-tuned held out
         # (and the oracle's composition)
-        later = {"fit": 2, "held": 3 + opts.oracle}
+        later = {"fit": 2 + setting.qualified_kinds, "held": 3 + opts.oracle + setting.qualified_kinds}
         total = sum(pool.tokens(p) * (sum(q == p for _, q in first) + later[p]) for p in ("fit", "held"))
         done = 0
 
@@ -185,11 +186,19 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
                                                                      policies, default=DEFAULT_POLICY))
         tasks += [(oracle, "held")] if opts.oracle else []
         rows.update(pool.run(tasks, step))
-    # the plan: the per-kind composition, unless one policy everywhere clearly beats it on the fitting
-    # part, paired by episode (the kinds' costs were measured apart; composed, they interact)
-    plans = {c.name: c for c in (composed, *candidates)}
-    name, plan_why = clear_winner(PER_KIND, {n: rows[(n, "fit")] for n in plans}, opts.delta,
-                                  z=opts.clear_win_se)
+        # the plan: the per-kind composition, unless one policy everywhere clearly beats it on the
+        # fitting part, paired by episode (the kinds' costs were measured apart; composed, they
+        # interact); with several formats, that choice per format, on the format's own episodes
+        plans = {c.name: c for c in (composed, *candidates)}
+        if setting.qualified_kinds:
+            mixed, plan_why = per_format_plan(ts, setting, rows, plans, policies, opts)
+            if mixed is not None:
+                plans[mixed.name] = mixed
+                rows.update(pool.run([(mixed, "fit"), (mixed, "held")], step))
+            name = PER_FORMAT if mixed is not None else PER_KIND
+        else:
+            name, plan_why = clear_winner(PER_KIND, {n: rows[(n, "fit")] for n in plans}, opts.delta,
+                                          z=opts.clear_win_se)
     for part in ("fit", "held"):
         rows[("structure-tuned", part)] = rows[(name, part)]
     tuned = {"plan": name, "kinds": plans[name].kinds, "why": why, "plan_why": plan_why,
@@ -200,6 +209,34 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
         tuned["oracle"] = {"plan": best, "kinds": (oracle if best == ORACLE else plans[best]).kinds,
                            "cost": held_costs[best]}
     return _result(ts, opts, rows, fit, held, knobs, choice, choice_held, tuned, candidates, started)
+
+
+def per_format_plan(ts: TurnSet, setting: ReplaySetting, rows: dict, plans: dict, policies: dict,
+                     opts: TuneOptions) -> tuple[Candidate | None, dict]:
+    """Per format, the clear-win rule between the per-kind composition and each one-policy plan on
+    the fitting part's episodes of that format: (the plan mixing each format's winner, replayed next;
+    None where every format keeps the composition, {format: why})."""
+    episodes = episodes_of(ts.turns)
+    format_of = {str(episodes[i]): t["fmt"] for i, t in enumerate(ts.turns)}
+    kinds = dict(plans[PER_KIND].kinds)
+    whys, changed = {}, False
+    for fmt in sorted(ts.formats):
+        mine = {e for e, f in format_of.items() if f == fmt}
+        fit_rows = {n: _episodes_only(rows[(n, "fit")], mine) for n in plans}
+        chosen, whys[fmt] = clear_winner(PER_KIND, fit_rows, opts.delta, z=opts.clear_win_se)
+        if chosen != PER_KIND:
+            changed = True
+            kinds = {k: v for k, v in kinds.items() if not k.startswith(fmt + ".")}
+            for kind in ts.formats[fmt].kinds:
+                kinds[f"{fmt}.{kind.name}"] = dict(policies[chosen])
+    why = {"chosen": PER_FORMAT if changed else PER_KIND, "per_format": whys,
+           "reason": "; ".join(f"{fmt}: {w['reason']}" for fmt, w in whys.items())}
+    return (Candidate(PER_FORMAT, "structure", kinds=kinds) if changed else None), why
+
+
+def _episodes_only(row: dict, episodes: set[str]) -> dict:
+    """A replay row's per-episode counts restricted to `episodes` (what `clear_winner` pairs)."""
+    return {"by_episode": {e: c for e, c in row.get("by_episode", {}).items() if e in episodes}}
 
 
 def _part_rows(rows: dict, part: str, names: list[str], tokens: int) -> dict:
@@ -215,7 +252,7 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candida
     held_turns = [ts.turns[i] for i in held]
     tokens = {"fit": sum(len(t["out"]) - 1 for t in fit_turns),
               "held": sum(len(t["out"]) - 1 for t in held_turns)}
-    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], PER_KIND, ORACLE,
+    names = ["ngram", "suffix", "suffix-tuned", *[c.name for c in candidates], PER_KIND, PER_FORMAT, ORACLE,
              "structure-tuned"]
     fit_rows = _part_rows(rows, "fit", names + [c.name for c in suffix_grid()], tokens["fit"])
     held_rows = _part_rows(rows, "held", names, tokens["held"])
