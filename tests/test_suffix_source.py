@@ -13,6 +13,7 @@ from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan
 from agentspec_sdk.drafting.rows import Candidate, RowInput
 from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
+from agentspec_sdk.structure.formats import CODE_AGENT
 
 pytestmark = pytest.mark.skipif(not available(),
                                 reason="arctic-inference missing: scripts/setup.sh installs it")
@@ -193,10 +194,11 @@ def test_the_row_choice_weighs_the_tree_without_its_extension(tok):
     choice, price = _sources(drafter, own, tree)
     worth = drafter.estimates.worth
     assert worth(tree, price) > worth(own, price)  # the whole tree draft would have won
-    assert choice.choose(None, price) is own
+    row = SimpleNamespace(fmt=CODE_AGENT, contest=None)  # a code agent's row (its kinds' rules)
+    assert choice.choose(row, price) is own
     better = Candidate([1, 2, 3, 4, 5], ["suffix"] * 3 + ["extend"] * 2, "code", "R", [1.0] * 5)
     choice.tree = SimpleNamespace(candidate=lambda st, note=None: better)
-    assert choice.choose(None, price) is better  # won on suffix's own tokens: sent with its extension
+    assert choice.choose(row, price) is better  # won on suffix's own tokens: sent with its extension
 
 
 def _sources(drafter, own, tree):
@@ -220,7 +222,7 @@ def test_the_row_choice_learns_its_bias_from_the_tokens_revealed(tok):
     choices = drafter.choices
     gap = drafter.estimates.worth(tree, price) - drafter.estimates.worth(own, price)
     assert gap > 0
-    row = SimpleNamespace(contest=None)
+    row = SimpleNamespace(fmt=CODE_AGENT, contest=None)
     key = ("code", "lookup")
     choices.judge((key, True, [1, 7]), 1, [1, 2, 5])  # a tie at 1 token: no move
     assert key not in choices.bias
@@ -240,7 +242,7 @@ def test_the_row_choice_learns_its_bias_from_the_tokens_revealed(tok):
     off = StructureDrafter(DraftPlan(tools=[], learn_delta=False), tok, lab=LabSwitches(learn_choice=False))
     off.choices.bias[key] = 10.0
     off_choice, _ = _sources(off, own, tree)
-    row = SimpleNamespace(contest=None)
+    row = SimpleNamespace(fmt=CODE_AGENT, contest=None)
     assert off_choice.choose(row, price) is tree and row.contest is None
 
 
