@@ -44,13 +44,13 @@ from agentspec_sdk.tuning.choose import (
 from agentspec_sdk.tuning.episodes import split_episodes, turn_set
 from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
-from agentspec_sdk.tuning.tuner import _plan_fields, kind_defaults
+from agentspec_sdk.tuning.tuner import _plan_fields, kind_defaults, suffix_tuned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tune_turn_sets import base_plan, source_turns, write_capture  # noqa: E402
 
 DEFAULTS = ("trees", "class", "structure")  # "class": structure in S kinds, trees elsewhere
-ZS = (1.0, 2.0)
+ZS = (1.0, 1.5, 2.0)
 
 
 def _rules(pool: ReplayPool, fit_rows: dict, held_rows: dict, policies: dict, delta: float,
@@ -90,7 +90,8 @@ def _rules(pool: ReplayPool, fit_rows: dict, held_rows: dict, policies: dict, de
     return out
 
 
-def cell(ts, base, gamma: int, batch: int, delta: float, model: str, labeller: TurnLabeller) -> dict:
+def cell(ts, base, gamma: int, batch: int, delta: float, model: str, labeller: TurnLabeller,
+         knob_rule: str = "clear") -> dict:
     qualified = len(ts.formats) > 1
     for t in ts.turns:
         labeller.label(t, ts.formats[t["fmt"]], qualified)
@@ -99,8 +100,12 @@ def cell(ts, base, gamma: int, batch: int, delta: float, model: str, labeller: T
     with ReplayPool(ts, {"fit": fit, "held": held}, setting, 1) as pool:
         grid = suffix_grid()
         rows = pool.run([(c, "fit") for c in grid])
-        knobs = dict(min(grid, key=lambda c: (cost(rows[(c.name, "fit")], delta), grid.index(c))).knobs)
         ngram, suffix = stock_candidates()
+        if knob_rule == "least":
+            knobs = dict(min(grid, key=lambda c: (cost(rows[(c.name, "fit")], delta), grid.index(c))).knobs)
+        else:  # vLLM's defaults unless a grid point clearly wins (what `agentspec tune` does)
+            default = next(c for c in grid if c.knobs == suffix.knobs)
+            knobs = suffix_tuned(rows, delta, default.name, 1.0)[1]
         rows.update(pool.run([(ngram, "held"), (suffix, "held"),
                               (Candidate("suffix-tuned", "suffix", knobs), "held")]))
         stock = {n: rows[(n, "held")] for n in ("ngram", "suffix", "suffix-tuned")}
@@ -121,6 +126,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("turns", nargs="+")
     ap.add_argument("--delta", type=float, default=0.2)
+    ap.add_argument("--knobs", choices=("clear", "least"), default="clear",
+                    help="suffix-tuned's knobs: vLLM's defaults unless a grid point clearly wins "
+                         "(`agentspec tune`), or the grid point of least cost on the fitting half")
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
     model = resolve_model(None)
@@ -134,7 +142,7 @@ def main() -> None:
             known = [] if base is None else base.agent_formats()
             for gamma, batch in itertools.product((8, 16), (1, 8)):
                 ts = turn_set(read_capture([tmp]), known)
-                r = cell(ts, base, gamma, batch, args.delta, model, labeller)
+                r = cell(ts, base, gamma, batch, args.delta, model, labeller, args.knobs)
                 r.update(set=Path(path).name.split(".")[0], gamma=gamma, batch=batch)
                 results.append(r)
                 print(r["set"], gamma, batch, {k: round(v["ratio"], 3) for k, v in r["rules"].items()},

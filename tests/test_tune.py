@@ -15,7 +15,7 @@ from agentspec_sdk.cli import app
 from agentspec_sdk.drafting.plan import DraftPlan, segment_kinds
 from agentspec_sdk.errors import TuneError
 from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
-from agentspec_sdk.tuning.candidates import Candidate
+from agentspec_sdk.tuning.candidates import Candidate, suffix_grid
 from agentspec_sdk.tuning.choose import (
     best_stock,
     choose_clear_wins,
@@ -28,7 +28,14 @@ from agentspec_sdk.tuning.choose import (
 from agentspec_sdk.tuning.decisions import class_decisions
 from agentspec_sdk.tuning.episodes import TurnSet, episodes_of, split_episodes
 from agentspec_sdk.tuning.simulate import predecessors, simulate
-from agentspec_sdk.tuning.tuner import PER_FORMAT, PER_KIND, TuneOptions, kind_defaults, per_format_plan
+from agentspec_sdk.tuning.tuner import (
+    PER_FORMAT,
+    PER_KIND,
+    TuneOptions,
+    kind_defaults,
+    per_format_plan,
+    suffix_tuned,
+)
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -190,6 +197,25 @@ def test_the_clear_win_rule_keeps_trees_unless_another_policy_saves_beyond_its_s
     one = {n: {**r, "by_episode": {"0": r["by_episode"]["0"]}} for n, r in rows.items()}
     assert paired_saving(one["trees"], one["structure"], 0.2, "x")["se"] == float("inf")
     assert choose_clear_wins(one, 0.2)[0] == {"x": "trees", "y": "trees"}
+
+
+def test_suffix_tuned_keeps_vllm_defaults_unless_a_grid_point_clearly_saves():
+    """suffix-tuned's knobs: the grid point at vLLM's defaults unless another point saves over it
+    beyond one standard error, paired by fitting episode. A point cheaper in total by one lucky
+    episode is no tuning; a point cheaper in every episode is."""
+    grid = suffix_grid()
+    default = next(c for c in grid if c.knobs == {"max_spec_factor": 1.0, "min_token_prob": 0.1})
+    base = [40, 42, 39, 45, 41]
+    rows = {(c.name, "fit"): _episode_row({"x": base}) for c in grid}
+    lucky, steady = grid[0], grid[-1]
+    rows[(lucky.name, "fit")] = _episode_row({"x": [40, 42, 39, 45, 31]})  # 10 less, in one episode
+    rows[(steady.name, "fit")] = _episode_row({"x": [39, 41, 38, 44, 40]})  # 5 less, one in each
+    _, knobs, why = suffix_tuned(rows, 0.2, default.name, 1.0)
+    assert knobs == steady.knobs and why["chosen"] == steady.name
+    rows[(steady.name, "fit")] = _episode_row({"x": base})
+    row, knobs, why = suffix_tuned(rows, 0.2, default.name, 1.0)
+    assert knobs == default.knobs and row is rows[(default.name, "fit")]
+    assert "no policy saves more than 1 se" in why["reason"]
 
 
 def test_kind_defaults_follow_the_law_class():

@@ -100,7 +100,7 @@ def markdown(result: dict) -> str:
     out += ["", "## Held-out result", "", f"The plan (structure-tuned): {plan}; kinds {result['kinds']}.", "",
             f"structure-tuned costs {h['structure_tuned']:.1f} passes on the held-out part; the best stock "
             f"drafter ({h['best_stock']}; suffix-tuned at {result['suffix_tuned_knobs']}, "
-            "tuned on the fitting part) "
+            f"tuned on the fitting part: {result['suffix_tuned_why']['reason']}) "
             f"{h['best_stock_cost']:.1f}: best stock ÷ structure-tuned = {h['best_stock_over_tuned']:.3f} "
             f"(> 1: structure-tuned is cheaper). structure at the plan's defaults: {h['structure']:.1f}.", ""]
     out += _table(result["held_out"], result["tokens"]["held"])

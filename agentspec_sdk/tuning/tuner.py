@@ -31,7 +31,8 @@ from agentspec_sdk.tuning.labels import TurnLabeller
 from agentspec_sdk.tuning.replays import ReplayPool, ReplaySetting
 
 __all__ = ["AUTO_JOBS_TOKENS", "KIND_DEFAULTS", "MAX_AUTO_JOBS", "ORACLE", "PER_FORMAT", "PER_KIND",
-           "PRICE_NOTE", "TuneOptions", "kind_defaults", "per_format_plan", "tune", "tuned_plan"]
+           "PRICE_NOTE", "TuneOptions", "kind_defaults", "per_format_plan", "suffix_tuned", "tune",
+           "tuned_plan"]
 
 PER_KIND = "structure-per-kind"  # the plan composed of each kind's chosen policy
 PER_FORMAT = "structure-per-format"  # per format: the composition or one policy, by the clear-win rule
@@ -110,11 +111,14 @@ def kind_defaults(plan_fields: dict, qualified: bool, rule: str) -> dict[str, st
     return out
 
 
-def _suffix_tuned(rows: dict, delta: float) -> tuple[dict, dict]:
-    """(row, knobs) of the grid point of least cost on the fitting part (ties: the earlier point)."""
+def suffix_tuned(rows: dict, delta: float, default: str, z: float) -> tuple[dict, dict, dict]:
+    """(row, knobs, why) of the grid point suffix-tuned runs at: vLLM's defaults (`default`, the grid
+    point at them) unless another point clearly saves over them on the fitting part, paired by
+    episode (`clear_winner`, `z` standard errors): a grid point of least cost by chance is no tuning."""
     grid = suffix_grid()
-    best = min(grid, key=lambda c: (cost(rows[(c.name, "fit")], delta), grid.index(c)))
-    return rows[(best.name, "fit")], dict(best.knobs)
+    name, why = clear_winner(default, {c.name: rows[(c.name, "fit")] for c in grid}, delta, z=z)
+    best = next(c for c in grid if c.name == name)
+    return rows[(name, "fit")], dict(best.knobs), why
 
 
 def tune(ts: TurnSet, opts: TuneOptions, base: DraftPlan | None = None,
@@ -166,7 +170,7 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
 
         rows = pool.run(first, step)
         rows[("suffix", "fit")] = rows[(default_grid.name, "fit")]
-        tuned_row, knobs = _suffix_tuned(rows, opts.delta)
+        tuned_row, knobs, knobs_why = suffix_tuned(rows, opts.delta, default_grid.name, opts.clear_win_se)
         rows[("suffix-tuned", "fit")] = tuned_row
         candidates = kind_candidates(knobs)
         trees = next(c for c in candidates if c.name == "trees")
@@ -202,7 +206,7 @@ def _tune_parts(ts: TurnSet, opts: TuneOptions, setting: ReplaySetting, fit: lis
     for part in ("fit", "held"):
         rows[("structure-tuned", part)] = rows[(name, part)]
     tuned = {"plan": name, "kinds": plans[name].kinds, "why": why, "plan_why": plan_why,
-             "least_cost_choice": choose_per_kind(fit_rows, opts.delta)}
+             "knobs_why": knobs_why, "least_cost_choice": choose_per_kind(fit_rows, opts.delta)}
     if opts.oracle:
         held_costs = {n: cost(rows[(n, "held")], opts.delta) for n in (ORACLE, *(c.name for c in candidates))}
         best = min(held_costs, key=held_costs.get)
@@ -277,7 +281,8 @@ def _result(ts, opts, rows, fit, held, knobs, choice, choice_held, plan, candida
                                              "fit": len({episodes[i] for i in fit}),
                                              "held": len({episodes[i] for i in held})},
         "tokens": tokens, "notes": [*ts.notes, PRICE_NOTE],
-        "suffix_tuned_knobs": knobs, "choice": choice, "choice_held_out": choice_held,
+        "suffix_tuned_knobs": knobs, "suffix_tuned_why": plan["knobs_why"],
+        "choice": choice, "choice_held_out": choice_held,
         "stability": {k: {"fit": a, "held_out": b} for k, (a, b) in differences(choice, choice_held).items()},
         "choice_why": plan["why"], "least_cost_choice": plan["least_cost_choice"],
         "plan_choice": plan["plan"], "plan_why": plan["plan_why"], "kinds": plan["kinds"],
