@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 __all__ = ["CLEAR_WIN_SE", "DEFAULT_POLICY", "STOCK", "best_stock", "choose_clear_wins", "choose_per_kind",
            "clear_winner", "composed_kinds", "cost", "differences", "kind_costs", "paired_saving"]
 
-STOCK = ("ngram", "suffix", "suffix-tuned")  # vLLM's drafters, suffix-tuned at the fitting part's best knobs
+STOCK = ("ngram", "suffix", "suffix-tuned")  # vLLM's drafters, suffix-tuned at the fitting part's knobs
 DEFAULT_POLICY = "trees"  # the candidate a kind keeps unless another clearly wins
 # a challenger clearly wins where its mean paired per-episode saving exceeds this many standard errors
-CLEAR_WIN_SE = 1.0
+CLEAR_WIN_SE = 2.0
 
 
 def cost(counts: Mapping[str, int], delta: float) -> float:
