@@ -58,6 +58,39 @@ def test_extension_is_the_longer_draft_past_suffix_own():
     assert trees.extension(key, context, 16, base) == ([], [])
 
 
+def test_the_native_trees_draft_what_the_cache_drafts():
+    """The trees called directly (`_NativeTrees`) and through arctic's `SuffixDecodingCache` methods:
+    the same drafts and confidences, step after step, on rows that share the global tree, after a
+    row stops and where the prompt tree and the global tree tie."""
+    rng = np.random.default_rng(0)
+    pieces = [rng.integers(0, 40, size=rng.integers(2, 9)) for _ in range(12)]
+    direct, wrapped = SuffixTrees(extend_factor=2.0), SuffixTrees(extend_factor=2.0)
+    assert direct._native is not None
+    wrapped._native = None
+    drafts = 0
+    for row in range(6):
+        prompt = np.concatenate([pieces[(row * 5 + j) % 12] for j in range(4)])
+        keys = [t.start(prompt) for t in (direct, wrapped)]
+        history = prompt
+        for step in range(10):
+            new = pieces[(row + step) % 12][: 1 + step % 3]
+            for t, key in zip((direct, wrapped), keys, strict=True):
+                t.extend(key, new)
+            history = np.concatenate([history, new])
+            for factor, prob in ((1.0, 0.1), (0.5, 0.3), (4.0, 0.05)):
+                a = direct.speculate(keys[0], history, 8, factor, prob)
+                b = wrapped.speculate(keys[1], history, 8, factor, prob)
+                assert a == b
+                assert direct.extension(keys[0], history, 8, a[0]) == wrapped.extension(keys[1], history, 8,
+                                                                                         b[0])
+                drafts += bool(a[0])
+        if row % 2:
+            for t, key in zip((direct, wrapped), keys, strict=True):
+                t.stop(key)
+            assert direct.speculate(keys[0], history, 8) == ([], [])
+    assert drafts > 20  # the rows matched something: the comparison compared drafts
+
+
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer
