@@ -103,7 +103,8 @@ def cell(ts, base, gamma: int, batch: int, delta: float, model: str, labeller: T
         ngram, suffix = stock_candidates()
         if knob_rule == "least":
             knobs = dict(min(grid, key=lambda c: (cost(rows[(c.name, "fit")], delta), grid.index(c))).knobs)
-        else:  # vLLM's defaults unless a grid point clearly wins (what `agentspec tune` does)
+        else:  # vLLM's defaults unless a grid point clearly wins at one standard error (`agentspec
+            # tune` applies the rule at CLEAR_WIN_SE)
             default = next(c for c in grid if c.knobs == suffix.knobs)
             knobs = suffix_tuned(rows, delta, default.name, 1.0)[1]
         rows.update(pool.run([(ngram, "held"), (suffix, "held"),

@@ -174,8 +174,8 @@ class _NativeTrees:
     """The cache's trees called directly, where the cache is laid out as arctic-inference 0.3's: what
     `SuffixDecodingCache.add_active_response` and `.speculate` do (the request's prompt tree and the
     global tree, the draft of the higher score, the prompt tree's on a tie), without their checks,
-    dispatch and the copy of the draft into a dataclass (8–10 µs a call of 10–28). The cache's own
-    dicts are shared, so rows started, adopted or stopped through the cache are seen here."""
+    dispatch and the copy of the draft into a dataclass (docs/drafting.md, the per-step cost). The
+    cache's own dicts are shared, so rows started, adopted or stopped through the cache are seen here."""
 
     __slots__ = ("local", "global_tree", "seqs", "speculate_ndarray")
 
