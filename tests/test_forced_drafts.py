@@ -436,3 +436,31 @@ class _Recording:
         attr = getattr(self._matcher, name)
         self._calls.append(name)
         return attr
+
+
+def test_draft_text_the_row_keeps_is_not_consumed_again(tok):
+    """Drafting ahead leaves the matcher over the draft (`keep_ahead`): when the row's text takes the
+    draft's first tokens, the next sync consumes only what follows them, and the forced text is a
+    fresh matcher's. A row whose text leaves the draft rolls back to where they part."""
+    import llguidance.hf
+
+    ll = llguidance.hf.from_tokenizer(tok)
+    grammar = tool_call_grammar([*_registry([WEATHER])])
+    head = '{"name":"get_weather","arguments":{"city":"'
+    draft = 'Reykjavik and a long name of a city'
+    m = CallMatcher(ll, grammar, "</tool_call>")
+    m.forced_text(head)
+    flags = m.flags()
+    m.sync(head + draft)  # the chain drafting ahead
+    m.keep_ahead(flags)
+    counting = m.ll = _CountingTokenizer(ll)
+    kept = head + draft[:20]
+    fresh = CallMatcher(ll, grammar, "</tool_call>")
+    assert m.forced_text(kept) == fresh.forced_text(kept)
+    assert counting.tokenized < 20  # at most the draft's token that the row's text cut in two
+    # the row's text left the draft: rolled back to where they part, the same forced text as a fresh one
+    m.sync(head + draft)
+    m.keep_ahead(m.flags())
+    other = head + 'Oslo","unit":"c'
+    fresh = CallMatcher(ll, grammar, "</tool_call>")
+    assert m.forced_text(other) == fresh.forced_text(other) == 'elsius"}}</tool_call>'

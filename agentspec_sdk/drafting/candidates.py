@@ -128,11 +128,12 @@ class OwnSource:
 
         Sources alternate up to the draft's character budget: grammar-forced text, then a lookup
         continuation of the segment typed so far plus the draft, then forced text again (the matcher
-        is advanced over the draft and restored afterwards), until the close marker or nothing more."""
+        is advanced over the draft and left there, `CallMatcher.keep_ahead`), until the close marker or
+        nothing more."""
         budget = 6 * self.gamma + 8
         close = close_of(kind, seg_text)
         opener = open_of(kind, seg_text) or ""
-        saved = call.save() if call is not None else None
+        flags = call.flags() if call is not None else None
         text, follow, ended, last, unpaid = "", "", False, "", None
         parts: list[tuple[int, str]] = []
 
@@ -183,7 +184,7 @@ class OwnSource:
                 forced = call.forced_text(seg_text[len(opener):] + text)
         finally:
             if call is not None:
-                call.restore(saved)
+                call.keep_ahead(flags)
         if not text:
             return Chain("", unpaid=unpaid)
         if ended:

@@ -28,7 +28,7 @@ class CallMatcher:
     """Grammar state of one tool-call segment."""
 
     __slots__ = ("ll", "matcher", "fed", "cuts", "fed_bytes", "dead", "close", "complete", "finished",
-                 "_opening")
+                 "ahead", "_opening")
 
     prefix = ""  # text the grammar expects before the segment's content (see ArgsMatcher)
     # lookup text may follow forced text though no close marker ends the segment (a call list)
@@ -61,6 +61,9 @@ class CallMatcher:
         return other
 
     def _clear(self) -> None:
+        # the matcher consumed draft text past the row's content (`keep_ahead`): the next sync rolls
+        # back only where the row's text left the draft
+        self.ahead = False
         self.fed: list[int] = []  # tokens the matcher consumed
         # (tokens, bytes) consumed after each sync: a rollback goes back to one of these, where the
         # consumed tokens end on the text's own bytes
@@ -101,6 +104,11 @@ class CallMatcher:
         if self.dead:
             return None
         body = self._body(content)
+        if self.ahead:  # back to what the row's text shares with the draft the matcher consumed
+            self.ahead = False
+            data = body.encode("utf-8")
+            if not data.startswith(self.fed_bytes):
+                self._rollback_to_bytes(_common_prefix(data, self.fed_bytes))
         rest = ""
         if self.complete or self.matcher.is_stopped():
             body, rest = self._split_done(body)
@@ -166,27 +174,17 @@ class CallMatcher:
             lead = more[: len(more) - len(more.lstrip())]
         return lead + self.valid_prefix(more[len(lead):])
 
-    def save(self) -> tuple:
-        """The state `restore` comes back to after drafting ahead."""
-        return self.dead, self.complete, list(self.fed), list(self.cuts), self.fed_bytes
+    def flags(self) -> tuple[bool, bool]:
+        """What `keep_ahead` restores after drafting ahead: (dead, complete) at the row's content."""
+        return self.dead, self.complete
 
-    def restore(self, state: tuple) -> None:
-        """Undo what drafting ahead did: back to the tokens consumed at `save` (drafting ahead only
-        adds to them), or to the last sync point they share."""
-        dead, complete, fed, cuts, fed_bytes = state
-        n = len(fed)
-        if len(self.fed) >= n and self.fed[:n] == fed:
-            if len(self.fed) > n:
-                self.matcher.rollback(len(self.fed) - n)
-                del self.fed[n:]
-            self.cuts, self.fed_bytes = list(cuts), fed_bytes
-        else:
-            common = 0
-            limit = min(n, len(self.fed))
-            while common < limit and fed[common] == self.fed[common]:
-                common += 1
-            self._rollback_to(lambda tokens, _: tokens <= common)
-        self.dead, self.complete = dead, complete
+    def keep_ahead(self, flags: tuple[bool, bool]) -> None:
+        """After drafting ahead of the row's content: the flags back to the content's (`flags`), the
+        tokens consumed over the draft kept. The next sync rolls back only past what the row's text
+        shares with the draft, so the draft text the target accepts is not consumed a second time
+        (it was: rolled back here, consumed again in the next step, half of the matcher's consumes)."""
+        self.dead, self.complete = flags
+        self.ahead = True
 
     def _sync(self, body: str) -> bool:
         """Feed the matcher `body`: the consumed tokens whose bytes begin it stay (a sync point where
@@ -220,6 +218,27 @@ class CallMatcher:
             self.matcher.rollback(len(self.fed) - tokens)
             del self.fed[tokens:]
         self.fed_bytes = self.fed_bytes[:size]
+
+    def _rollback_to_bytes(self, size: int) -> None:
+        """Roll the matcher back to the last consumed token that ends at or before byte `size`: the
+        last sync point there and the tokens after it whose bytes lie in the first `size` (the part of
+        a draft consumed ahead that the row's text kept), a sync point added where they end."""
+        cuts = self.cuts
+        while cuts and cuts[-1][1] > size:
+            cuts.pop()
+        tokens, end = cuts[-1] if cuts else (0, 0)
+        for token in self.fed[tokens:]:
+            piece = self.ll.decode_bytes([token])
+            if end + len(piece) > size or self.fed_bytes[end:end + len(piece)] != piece:
+                break
+            end += len(piece)
+            tokens += 1
+        if not cuts or cuts[-1][0] < tokens:
+            cuts.append((tokens, end))
+        if len(self.fed) > tokens:
+            self.matcher.rollback(len(self.fed) - tokens)
+            del self.fed[tokens:]
+        self.fed_bytes = self.fed_bytes[:end]
 
     def _split_done(self, body: str) -> tuple[str, str]:
         done = len(self.fed_bytes.decode("utf-8", errors="replace"))
