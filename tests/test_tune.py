@@ -218,6 +218,41 @@ def test_suffix_tuned_keeps_vllm_defaults_unless_a_grid_point_clearly_saves():
     assert "no policy saves more than 1 se" in why["reason"]
 
 
+def test_a_plan_that_drafts_as_suffix_everywhere_deploys_vllms_suffix(tmp_path):
+    """Policy "trees" in every kind at one set of knobs: vLLM's own suffix drafter sends the same drafts,
+    the advice is its command (vLLM's defaults: `agentspec serve --speculation suffix`; other knobs: the
+    `vllm serve` speculative config); any kind on the structure drafter, or knobs that differ by kind:
+    the structure drafter with the plan."""
+    from agentspec_sdk.tuning.deploy import deploy_advice
+
+    trees = {"policy": "trees"}
+    plan = DraftPlan(formats=[TOOL_CALLS, CODE_AGENT], kinds={"*": trees})
+    assert plan.suffix_equivalent() == (1.0, 0.1)
+    advice = deploy_advice(plan, tmp_path / "plan.json", 8)
+    assert advice["speculation"] == "suffix"
+    assert advice["command"] == "agentspec serve --speculation suffix --gamma-max 8"
+    served = CliRunner().invoke(app, [*advice["command"].split()[1:], "--dry-run"])  # the real launcher
+    assert served.exit_code == 0, served.output
+    assert """--speculative-config '{"method":"suffix","num_speculative_tokens":8}'""" in served.output
+    tuned = DraftPlan(formats=[TOOL_CALLS], suffix_max_spec_factor=2.0,
+                      kinds={"*": trees, "tool_call": {"policy": "trees", "tree_min_token_prob": 0.2}})
+    assert tuned.suffix_equivalent() is None  # two sets of knobs
+    tuned = DraftPlan(formats=[TOOL_CALLS], suffix_max_spec_factor=2.0, suffix_min_token_prob=0.2,
+                      kinds={"*": trees})
+    cmd = deploy_advice(tuned, "p.json", 16)["command"]
+    assert cmd.startswith("vllm serve MODEL --speculative-config ")
+    assert json.loads(cmd.split("--speculative-config ", 1)[1].strip("'")) == {
+        "method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_spec_factor": 2.0,
+        "suffix_decoding_min_token_prob": 0.2}
+    mixed = DraftPlan(formats=[TOOL_CALLS, CODE_AGENT], kinds={"*": trees, "tool_calls.tool_call": {}})
+    assert mixed.suffix_equivalent() is None
+    assert deploy_advice(mixed, tmp_path / "plan.json", 8)["command"] == \
+        f"agentspec serve --speculation structure --plan {tmp_path / 'plan.json'} --gamma-max 8"
+    # a kind no format names falls to "*": without it, the structure drafter
+    assert DraftPlan(formats=[TOOL_CALLS], kinds={"reasoning": trees, "tool_call": trees,
+                                                   "tool_response": trees}).suffix_equivalent() is None
+
+
 def test_kind_defaults_follow_the_law_class():
     fields = {"formats": [TOOL_CALLS.to_dict(), CODE_AGENT.to_dict()]}
     by_class = kind_defaults(fields, qualified=True, rule="class")
@@ -335,6 +370,9 @@ def test_tune_on_captured_react_turns_writes_a_plan_that_loads(tmp_path):
     assert "cannot be fitted" in notes
     md = (report / "report.md").read_text()
     assert "best stock ÷ structure-tuned" in md and "speculate" in md
+    # what to run: vLLM's suffix where the plan drafts as it in every kind, else the structure drafter
+    assert data["deploy"]["speculation"] == ("suffix" if plan.suffix_equivalent() else "structure")
+    assert f"deploy: {data['deploy']['command']}" in result.output and data["deploy"]["command"] in md
     assert (report / "kind_costs.png").stat().st_size > 1000
     assert set(data["law"]["classes"]) == {"S", "R", "F"}
 

@@ -218,6 +218,16 @@ class DraftPlan(BaseModel):
                         tree_min_token_prob=(self.suffix_min_token_prob if pol.tree_min_token_prob is None
                                              else pol.tree_min_token_prob))
 
+    def suffix_equivalent(self) -> tuple[float, float] | None:
+        """(max_spec_factor, min_token_prob) of vLLM's suffix drafter where this plan drafts exactly
+        as it does: policy "trees" in every kind of every format and in kinds no format names, all at
+        the same tree knobs; None otherwise."""
+        rules = [*self.kind_rules().values(), self.kind_rule("")]
+        knobs = {(r.tree_spec_factor, r.tree_min_token_prob) for r in rules}
+        if len(knobs) != 1 or any(r.policy != "trees" for r in rules):
+            return None
+        return knobs.pop()
+
     def merged(self, *, formats: Iterable[AgentFormat | str | Mapping] | None = None,
                tools: ToolRegistry | Iterable[Mapping] | None = None, **fields: Any) -> DraftPlan:
         """A deployment's plan on this one's settings (kinds, knobs, prices: a tuned plan): `formats`

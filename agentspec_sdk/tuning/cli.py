@@ -65,6 +65,7 @@ def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, see
     from agentspec_sdk.backends.model_bundle import resolve_model
     from agentspec_sdk.drafting.plan import DraftPlan
     from agentspec_sdk.structure.formats import AgentFormat
+    from agentspec_sdk.tuning.deploy import deploy_advice
     from agentspec_sdk.tuning.episodes import turn_set
     from agentspec_sdk.tuning.report import write_report
     from agentspec_sdk.tuning.tuner import TuneOptions, tune, tuned_plan
@@ -89,6 +90,7 @@ def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, see
         if bar is not None:
             bar.close()
     plan = tuned_plan(base, ts, result)
+    result["deploy"] = deploy_advice(plan, out, gamma)
     if report is not None:
         write_report(result, report)
     plan.save(out)
@@ -100,3 +102,4 @@ def _tune(captures, out, report, base_plan, gamma, batch, delta, d, holdout, see
     for note in result["notes"]:
         typer.echo(f"note: {note}")
     typer.echo(f"plan -> {out}" + (f"; report -> {report}/report.md" if report is not None else ""))
+    typer.echo(f"deploy: {result['deploy']['command']}  # {result['deploy']['why']}")

@@ -121,6 +121,9 @@ def markdown(result: dict) -> str:
             f"{k} ({v['fit']} → {v['held_out']})" for k, v in result["stability"].items()) + "."]
     else:
         out += ["", "The held-out part chooses the same policy in every kind."]
+    deploy = result.get("deploy")
+    if deploy:
+        out += ["", "## Deploy", "", f"    {deploy['command']}", "", deploy["why"] + "."]
     out += ["", "## Fitting part", ""] + _table(result["fit"], result["tokens"]["fit"])
     out += ["", "## The law's decision per class (fitting part, structure at the plan's defaults)", ""]
     out += _law_lines(result["law"])
