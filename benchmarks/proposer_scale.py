@@ -31,6 +31,7 @@ figures are per-step costs, not acceptance figures (benchmarks/offline_drafting.
 
   python benchmarks/proposer_scale.py                                 # the three bundled sets, B 8..128
   python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --profile 20   # cProfile structure
+  python benchmarks/proposer_scale.py --sets code --plan tuned.json   # a tuned plan's policies
   python benchmarks/proposer_scale.py --turns long.json --batch 8,64 --json out.json
 """
 
@@ -146,7 +147,8 @@ class Structure:
     the row of the token array, `num_tokens_no_spec`, sampled count), priced at `delta` per drafted
     token as benchmarks/offline_drafting.py prices it."""
 
-    def __init__(self, gamma: int, rows: int, tools: list[dict], delta: float):
+    def __init__(self, gamma: int, rows: int, tools: list[dict], delta: float,
+                 plan_path: str | None = None):
         from transformers import AutoTokenizer
 
         from agentspec_sdk.backends.model_bundle import resolve_model
@@ -160,6 +162,10 @@ class Structure:
         model = resolve_model(None)
         plan = DraftPlan(formats=[REACT, TOOL_CALLS, CODE_AGENT], tools=tools, tokenizer=model,
                          gamma_max=gamma, learn_delta=False, delta=sequence_price(delta, rows), delta_ctx=0.0)
+        if plan_path:  # a tuned plan's kind policies and tree knobs (`agentspec tune`), on the same rows
+            tuned = DraftPlan.load(plan_path)
+            plan = plan.model_copy(update={k: getattr(tuned, k) for k in (
+                "kinds", "suffix_max_spec_factor", "suffix_min_token_prob", "suffix_extend_factor")})
         self.drafter = StructureDrafter(plan, AutoTokenizer.from_pretrained(model))
         self.setup, self.teardown = Clock(), Clock()
         # the benchmark's own timers around a row's set-up and teardown (restored by `close`)
@@ -345,14 +351,14 @@ def summary(steps: list[dict], batch: int) -> dict:
 
 
 def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...], delta: float,
-        max_steps: int, profile: int = 0) -> dict:
+        max_steps: int, profile: int = 0, plan_path: str | None = None) -> dict:
     data = _offline().load_turns(path)
     turns = data["turns"]
     mean_steps = max(1.0, np.mean([len(t["out"]) for t in turns]) / 4)  # a row's life in steps, roughly
     count = max(2, math.ceil(batch * min(max_steps, 60) / mean_steps / len(turns)))
     rows, preds = copies(turns, count)
     built = {"ngram": lambda: Ngram(gamma, batch), "suffix": lambda: Suffix(gamma, batch),
-             "structure": lambda: Structure(gamma, batch, data.get("tools", []), delta)}
+             "structure": lambda: Structure(gamma, batch, data.get("tools", []), delta, plan_path)}
     replays = [Replay(m, built[m](), rows, preds, batch, grammar_trim(data.get("grammars", [])))
                for m in modes]
     load = os.getloadavg()[0]
@@ -439,6 +445,8 @@ def main() -> None:
     ap.add_argument("--gpu-pass-ms", default=None, help="assumed GPU pass ms by batch size, e.g. 8:15,64:20")
     ap.add_argument("--profile", type=int, default=0, help="cProfile structure's steps from this step on")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--plan", default=None,
+                    help="a tuned plan file (`agentspec tune`): its kind policies and tree knobs")
     args = ap.parse_args()
     sets = {name: SETS[name] for name in args.sets.split(",") if name}
     for extra in args.turns:
@@ -447,7 +455,8 @@ def main() -> None:
     results = []
     for name, path in sets.items():
         for batch in (int(b) for b in args.batch.split(",")):
-            res = run(name, path, batch, args.gamma, modes, args.delta, args.max_steps, args.profile)
+            res = run(name, path, batch, args.gamma, modes, args.delta, args.max_steps, args.profile,
+                      args.plan)
             results.append(res)
             print(f"{name} B {batch}: load {res['load_before']} -> {res['load_after']}, "
                   f"{res['copies']} copies", flush=True)
