@@ -182,7 +182,7 @@ class CallMatcher:
         """After drafting ahead of the row's content: the flags back to the content's (`flags`), the
         tokens consumed over the draft kept. The next sync rolls back only past what the row's text
         shares with the draft, so the draft text the target accepts is not consumed a second time
-        (it was: rolled back here, consumed again in the next step, half of the matcher's consumes)."""
+        (restored here, it was consumed again when the row's text reached it)."""
         self.dead, self.complete = flags
         self.ahead = True
 
