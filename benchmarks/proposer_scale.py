@@ -32,6 +32,7 @@ figures are per-step costs, not acceptance figures (benchmarks/offline_drafting.
   python benchmarks/proposer_scale.py                                 # the three bundled sets, B 8..128
   python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --profile 20   # cProfile structure
   python benchmarks/proposer_scale.py --sets code --plan tuned.json   # a tuned plan's policies
+  python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --tree-calls   # arctic's own share
   python benchmarks/proposer_scale.py --turns long.json --batch 8,64 --json out.json
 """
 
@@ -77,6 +78,54 @@ class Clock:
         out = (self.spent, self.cpu, self.calls)
         self.spent, self.cpu, self.calls = 0.0, 0.0, 0
         return out
+
+
+class TreeCalls:
+    """`--tree-calls`: the calling thread's CPU inside arctic-inference's native `SuffixTree` methods,
+    by mode (suffix and structure both call them), counting the calls of a step (an `extend` of at most
+    γ + 1 tokens: a new row's prompt, extended at its set-up, is longer) and every `speculate`. What
+    the trees' own work costs a row and step, which no change outside them removes."""
+
+    METHODS = ("extend", "extend_ndarray", "speculate", "speculate_ndarray")
+
+    def __init__(self, gamma: int):
+        from arctic_inference.suffix_decoding import _C
+
+        self.tree, self.gamma, self.mode = _C.SuffixTree, gamma, None
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._saved = {name: getattr(self.tree, name) for name in self.METHODS}
+        for name, fn in self._saved.items():
+            setattr(self.tree, name, self._timed(name, fn))
+
+    def _timed(self, name: str, fn):
+        extend = name.startswith("extend")
+
+        def timed(tree, *args):
+            c = time.thread_time()
+            try:
+                return fn(tree, *args)
+            finally:
+                if self.mode is not None and not (extend and len(args[-1]) > self.gamma + 1):
+                    key = f"{self.mode}.{name.split('_')[0]}"
+                    self.cpu[key] = self.cpu.get(key, 0.0) + time.thread_time() - c
+                    self.calls[key] = self.calls.get(key, 0) + 1
+        return timed
+
+    def take(self, mode: str, row_steps: int) -> dict:
+        """The mode's calls since the last `take`: µs a call and a row's µs a step, by method."""
+        out = {}
+        for method in ("extend", "speculate"):
+            key = f"{mode}.{method}"
+            cpu, calls = self.cpu.pop(key, 0.0), self.calls.pop(key, 0)
+            if calls:
+                out[method] = {"calls": calls, "us_per_call": 1e6 * cpu / calls,
+                               "us_per_row_step": 1e6 * cpu / max(1, row_steps)}
+        return out
+
+    def close(self) -> None:
+        for name, fn in self._saved.items():
+            setattr(self.tree, name, fn)
 
 
 # -- the three proposers, each as vLLM calls it ------------------------------------------------------
@@ -351,7 +400,7 @@ def summary(steps: list[dict], batch: int) -> dict:
 
 
 def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...], delta: float,
-        max_steps: int, profile: int = 0, plan_path: str | None = None) -> dict:
+        max_steps: int, profile: int = 0, plan_path: str | None = None, tree_calls: bool = False) -> dict:
     data = _offline().load_turns(path)
     turns = data["turns"]
     mean_steps = max(1.0, np.mean([len(t["out"]) for t in turns]) / 4)  # a row's life in steps, roughly
@@ -359,6 +408,7 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
     rows, preds = copies(turns, count)
     built = {"ngram": lambda: Ngram(gamma, batch), "suffix": lambda: Suffix(gamma, batch),
              "structure": lambda: Structure(gamma, batch, data.get("tools", []), delta, plan_path)}
+    trees = TreeCalls(gamma) if tree_calls else None  # before the proposers: structure binds a method
     replays = [Replay(m, built[m](), rows, preds, batch, grammar_trim(data.get("grammars", [])))
                for m in modes]
     load = os.getloadavg()[0]
@@ -376,7 +426,11 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
             prof = profiler is not None and rep.name == "structure" and len(rep.steps) >= profile
             if prof:
                 profiler.enable()
+            if trees is not None:
+                trees.mode = rep.name
             going = rep.step()
+            if trees is not None:
+                trees.mode = None
             if prof:
                 profiler.disable()
             if not going:
@@ -387,6 +441,12 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
     out = {"set": set_name, "batch": batch, "gamma": gamma, "copies": count, "turns": len(rows),
            "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
            "modes": {rep.name: summary(rep.steps, batch) for rep in replays}}
+    if trees is not None:
+        trees.close()
+        for rep in replays:
+            calls = trees.take(rep.name, sum(s["called"] for s in rep.steps))
+            if calls:
+                out["modes"][rep.name]["tree_calls"] = calls
     if profiler is not None:
         import io
         import pstats
@@ -445,6 +505,8 @@ def main() -> None:
     ap.add_argument("--gpu-pass-ms", default=None, help="assumed GPU pass ms by batch size, e.g. 8:15,64:20")
     ap.add_argument("--profile", type=int, default=0, help="cProfile structure's steps from this step on")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--tree-calls", action="store_true",
+                    help="time arctic's native tree calls (extend, speculate) by mode: the trees' own cost")
     ap.add_argument("--plan", default=None,
                     help="a tuned plan file (`agentspec tune`): its kind policies and tree knobs")
     args = ap.parse_args()
@@ -456,12 +518,16 @@ def main() -> None:
     for name, path in sets.items():
         for batch in (int(b) for b in args.batch.split(",")):
             res = run(name, path, batch, args.gamma, modes, args.delta, args.max_steps, args.profile,
-                      args.plan)
+                      args.plan, args.tree_calls)
             results.append(res)
             print(f"{name} B {batch}: load {res['load_before']} -> {res['load_after']}, "
                   f"{res['copies']} copies", flush=True)
             if "profile" in res:
                 print(res["profile"])
+            for mode, m in res["modes"].items():
+                for method, t in m.get("tree_calls", {}).items():
+                    print(f"  {mode}: arctic's {method}, {t['calls']} calls, {t['us_per_call']:.1f} µs a "
+                          f"call, {t['us_per_row_step']:.1f} µs a row and step")
     passes = gpu_pass_ms(args.gpu_pass_ms)
     print(table(results, passes))
     print(f"\nγ {args.gamma}; GPU pass assumed (ms by B): {passes}; 1-minute load "
