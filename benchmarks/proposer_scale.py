@@ -25,11 +25,19 @@ GPU pass: `--gpu-pass-ms` (default: a 32B BF16 target on one H200, 64 GB of weig
 4.8 TB/s = 13 ms, plus attention and the KV cache growing with the batch: 15 ms at 8 rows, 20 ms at
 64; an estimate, not a measurement; give your own per batch size, e.g. `8:12,64:18`).
 
+`--phases`: structure's step by part (rows matched, new rows built or continued, drafts resolved, rows
+advanced, the own and tree candidates, sizing, the step's accounting), CPU of the calling thread per
+step and per row, from wrappers around the drafter's methods. `--profile N`: cProfile of structure's
+calls from step N on, and its own time grouped by where it runs (arctic's trees, llguidance, numpy,
+our modules, Python's builtins); the profiler slows Python calls more than native ones, so the
+native shares it prints are lower bounds.
+
 Copies of one episode are identical, so the suffix trees (suffix's and structure's) see a copy's
 answers before the later copies write them: acceptance is higher than on distinct traffic. The
 figures are per-step costs, not acceptance figures (benchmarks/offline_drafting.py is that).
 
   python benchmarks/proposer_scale.py                                 # the three bundled sets, B 8..128
+  python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --phases   # structure's step by part
   python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --profile 20   # cProfile structure
   python benchmarks/proposer_scale.py --sets code --plan tuned.json   # a tuned plan's policies
   python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --tree-calls   # arctic's own share
@@ -55,6 +63,7 @@ MODES = ("ngram", "suffix", "structure")
 GPU_PASS_MS = {8: 15.0, 32: 17.0, 64: 20.0, 128: 25.0}
 MAX_LEN = 16384
 PROFILE_SORT = "tottime"
+PROFILE_LINES = 60
 
 
 class Clock:
@@ -101,7 +110,7 @@ class TreeCalls:
     def _timed(self, name: str, fn):
         extend = name.startswith("extend")
 
-        def timed(tree, *args):
+        def arctic_call(tree, *args):  # named so a profile tells arctic's native time apart
             c = time.thread_time()
             try:
                 return fn(tree, *args)
@@ -110,7 +119,7 @@ class TreeCalls:
                     key = f"{self.mode}.{name.split('_')[0]}"
                     self.cpu[key] = self.cpu.get(key, 0.0) + time.thread_time() - c
                     self.calls[key] = self.calls.get(key, 0) + 1
-        return timed
+        return arctic_call
 
     def take(self, mode: str, row_steps: int) -> dict:
         """The mode's calls since the last `take`: µs a call and a row's µs a step, by method."""
@@ -126,6 +135,72 @@ class TreeCalls:
     def close(self) -> None:
         for name, fn in self._saved.items():
             setattr(self.tree, name, fn)
+
+
+class Phases:
+    """`--phases`: the calling thread's CPU in each part of structure's step (rows matched, new rows
+    built or continued, drafts resolved, rows advanced, each row's own and tree candidates and the
+    choice between them, sizing, the step's accounting), by wrappers around the drafter's methods (no
+    profiler: each call costs a wrapper's µs or so more). What each part would have to shed."""
+
+    PARTS = (  # (label, module, class, method); indented labels are parts of the one above
+        ("rows matched to the batch", "rows", "RowTracker", "match"),
+        ("new rows (built or continued)", "rows", "RowTracker", "new_row"),
+        ("drafts resolved (accounting, choice judged)", "drafter", "StructureDrafter", "_resolve"),
+        ("rows advanced (text, segmenter, trees extended)", "rows", "RowState", "advance"),
+        ("row candidates", "choice", "RowChoice", "candidate"),
+        ("  own (forced text, lookups, tokenized)", "candidates", "OwnSource", "candidate"),
+        ("  trees (speculated, cut at the segment)", "candidates", "TreeSource", "candidate"),
+        ("drafts sized", "pricing", "Sizer", "size"),
+        ("prices", "pricing", "Sizer", "begin_step"),
+        ("step settled (pending drafts, step record)", "drafter", "StructureDrafter", "_settle"),
+    )
+
+    def __init__(self):
+        import importlib
+
+        self.cpu: dict[str, float] = {}  # the step running
+        self.steps: list[dict[str, float]] = []  # each step's
+        self._saved = []
+        for label, module, owner, method in self.PARTS:
+            cls = getattr(importlib.import_module(f"agentspec_sdk.drafting.{module}"), owner)
+            fn = getattr(cls, method)
+            self._saved.append((cls, method, fn))
+            setattr(cls, method, self._timed(label, fn))
+
+    def _timed(self, label: str, fn):
+        def timed(*args, **kwargs):
+            c = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[label] = self.cpu.get(label, 0.0) + time.thread_time() - c
+        return timed
+
+    def end_step(self) -> None:
+        """The parts of the step just run, kept apart (`take` leaves out the slowest steps)."""
+        self.steps.append(self.cpu)
+        self.cpu = {}
+
+    def take(self, steps: list[dict]) -> list[dict]:
+        """Per part: ms a step, µs a row and step, share of the step's CPU; the rest of the step last.
+        Over the steps at or below the 98th percentile of the step's CPU: a one-off (a grammar's first
+        compile, a collection) would otherwise decide the shares of a short run."""
+        cpu = np.array([s["cpu_s"] for s in steps])
+        top_cpu = np.percentile(cpu, 98) if len(steps) else 0.0
+        keep = [i for i in range(len(steps)) if cpu[i] <= top_cpu]
+        n, rows = max(1, len(keep)), max(1, sum(steps[i]["called"] for i in keep))
+        total = float(sum(cpu[i] for i in keep)) or 1.0
+        spent = {label: sum(self.steps[i].get(label, 0.0) for i in keep) for label, *_ in self.PARTS}
+        top = sum(v for label, v in spent.items() if not label.startswith(" "))
+        out = list(spent.items()) + [("the rest of the step", max(0.0, total - top))]
+        self.steps = []
+        return [{"part": label, "ms_per_step": 1e3 * v / n, "us_per_row_step": 1e6 * v / rows,
+                 "share": v / total} for label, v in out]
+
+    def close(self) -> None:
+        for cls, method, fn in self._saved:
+            setattr(cls, method, fn)
 
 
 # -- the three proposers, each as vLLM calls it ------------------------------------------------------
@@ -262,6 +337,8 @@ class Replay:
         self.waiting = [j for j in range(len(turns)) if not self.done[j]]
         self.finishing: list[int] = []  # turns that finished in the step before (called once more)
         self.steps: list[dict] = []
+        self.profiler = None  # a cProfile.Profile around the proposer's calls (`--profile`)
+        self.profiled_rows = 0  # the rows of the profiled calls
 
     def _admit(self) -> int:
         new = 0
@@ -303,11 +380,16 @@ class Replay:
         _drain_reaper()
         self.proposer.setup.take()
         self.proposer.teardown.take()
+        if self.profiler is not None:
+            self.profiler.enable()
+            self.profiled_rows += len(called)
         t, c = time.perf_counter(), time.thread_time()
         drafts = self.proposer(sampled, num_tokens, ids, keys, prompt_lens)
         for j in self.finishing:
             self.proposer.finished(j)
         spent, cpu = time.perf_counter() - t, time.thread_time() - c
+        if self.profiler is not None:
+            self.profiler.disable()
         setup, setup_cpu, built = self.proposer.setup.take()
         teardown, teardown_cpu, torn = self.proposer.teardown.take()
         finished_before = len(self.finishing)
@@ -400,7 +482,8 @@ def summary(steps: list[dict], batch: int) -> dict:
 
 
 def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...], delta: float,
-        max_steps: int, profile: int = 0, plan_path: str | None = None, tree_calls: bool = False) -> dict:
+        max_steps: int, profile: int = 0, plan_path: str | None = None, tree_calls: bool = False,
+        phases: bool = False) -> dict:
     data = _offline().load_turns(path)
     turns = data["turns"]
     mean_steps = max(1.0, np.mean([len(t["out"]) for t in turns]) / 4)  # a row's life in steps, roughly
@@ -408,9 +491,11 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
     rows, preds = copies(turns, count)
     built = {"ngram": lambda: Ngram(gamma, batch), "suffix": lambda: Suffix(gamma, batch),
              "structure": lambda: Structure(gamma, batch, data.get("tools", []), delta, plan_path)}
-    trees = TreeCalls(gamma) if tree_calls else None  # before the proposers: structure binds a method
+    # before the proposers (structure binds a method); a profile needs them to tell arctic's time apart
+    trees = TreeCalls(gamma) if tree_calls or profile else None
     replays = [Replay(m, built[m](), rows, preds, batch, grammar_trim(data.get("grammars", [])))
                for m in modes]
+    parts = Phases() if phases and "structure" in modes else None
     load = os.getloadavg()[0]
     profiler = None
     if profile:
@@ -423,24 +508,28 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
             if len(rep.steps) >= max_steps:
                 live.remove(rep)
                 continue
-            prof = profiler is not None and rep.name == "structure" and len(rep.steps) >= profile
-            if prof:
-                profiler.enable()
+            if profiler is not None and rep.name == "structure" and len(rep.steps) >= profile:
+                rep.profiler = profiler
             if trees is not None:
                 trees.mode = rep.name
             going = rep.step()
+            if parts is not None and rep.name == "structure" and going:
+                parts.end_step()
             if trees is not None:
                 trees.mode = None
-            if prof:
-                profiler.disable()
             if not going:
                 live.remove(rep)
     for rep in replays:
         if hasattr(rep.proposer, "close"):
             rep.proposer.close()
+    if parts is not None:
+        parts.close()
     out = {"set": set_name, "batch": batch, "gamma": gamma, "copies": count, "turns": len(rows),
            "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
            "modes": {rep.name: summary(rep.steps, batch) for rep in replays}}
+    if parts is not None:
+        structure = next(r for r in replays if r.name == "structure")
+        out["modes"]["structure"]["phases"] = parts.take(structure.steps)
     if trees is not None:
         trees.close()
         for rep in replays:
@@ -452,9 +541,42 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
         import pstats
 
         buf = io.StringIO()
-        pstats.Stats(profiler, stream=buf).sort_stats(PROFILE_SORT).print_stats(60)
+        stats = pstats.Stats(profiler, stream=buf)
+        stats.sort_stats(PROFILE_SORT).print_stats(PROFILE_LINES)
         out["profile"] = buf.getvalue()
+        rep = next(r for r in replays if r.name == "structure")
+        steps = len(rep.steps) - profile
+        out["time_went"] = [{"group": g, "ms_per_step": 1e3 * s / max(1, steps),
+                             "us_per_row_step": 1e6 * s / max(1, rep.profiled_rows), "share": share}
+                            for g, s, share in time_went(stats.stats)]
     return out
+
+
+NATIVE_GROUPS = ("arctic's suffix trees (native)", "llguidance (native)", "numpy")
+
+
+def time_went(stats: dict) -> list[tuple[str, float, float]]:
+    """(group, seconds, share) of a profile's own time by where it runs: arctic's suffix trees (the
+    `TreeCalls` wrappers: nanobind's methods are invisible to cProfile, their time would land in the
+    caller), llguidance's matcher and tokenizer, numpy, our code by module, Python's builtins (str,
+    list, dict, re, len...) and the rest; largest first."""
+    groups: dict[str, float] = {}
+    for (path, _line, name), (_cc, _nc, own, _cum, _callers) in stats.items():
+        if name == "arctic_call" or "arctic_inference" in path:
+            group = NATIVE_GROUPS[0]
+        elif path == "~" and ("LLMatcher" in name or "LLTokenizer" in name or "llguidance" in name):
+            group = NATIVE_GROUPS[1]
+        elif "/numpy/" in path or (path == "~" and "numpy" in name):
+            group = NATIVE_GROUPS[2]
+        elif path == "~":
+            group = "Python builtins (str, list, dict, re, len...)"
+        elif "agentspec_sdk/" in path:
+            group = "ours: " + path.split("agentspec_sdk/", 1)[1]
+        else:
+            group = "other: " + Path(path).name
+        groups[group] = groups.get(group, 0.0) + own
+    total = sum(groups.values()) or 1.0
+    return sorted(((g, s, s / total) for g, s in groups.items()), key=lambda x: -x[1])
 
 
 def gpu_pass_ms(spec: str | None) -> dict[int, float]:
@@ -507,6 +629,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--tree-calls", action="store_true",
                     help="time arctic's native tree calls (extend, speculate) by mode: the trees' own cost")
+    ap.add_argument("--phases", action="store_true",
+                    help="structure's step by part (new rows, candidates, ...): CPU a step and a row")
     ap.add_argument("--plan", default=None,
                     help="a tuned plan file (`agentspec tune`): its kind policies and tree knobs")
     args = ap.parse_args()
@@ -518,12 +642,30 @@ def main() -> None:
     for name, path in sets.items():
         for batch in (int(b) for b in args.batch.split(",")):
             res = run(name, path, batch, args.gamma, modes, args.delta, args.max_steps, args.profile,
-                      args.plan, args.tree_calls)
+                      args.plan, args.tree_calls, args.phases)
             results.append(res)
             print(f"{name} B {batch}: load {res['load_before']} -> {res['load_after']}, "
                   f"{res['copies']} copies", flush=True)
             if "profile" in res:
                 print(res["profile"])
+                went = res["time_went"]
+                print(f"Where structure's step went (own time, steps {args.profile} on):\n"
+                      "| where | ms a step | µs a row and step | share |\n|---|---|---|---|")
+                for g in went:
+                    print(f"| {g['group']} | {g['ms_per_step']:.2f} | {g['us_per_row_step']:.1f} | "
+                          f"{100 * g['share']:.1f}% |")
+                native = [g for g in went if g["group"] in NATIVE_GROUPS]
+                print(f"| native calls ({', '.join(NATIVE_GROUPS)}) | "
+                      f"{sum(g['ms_per_step'] for g in native):.2f} | "
+                      f"{sum(g['us_per_row_step'] for g in native):.1f} | "
+                      f"{100 * sum(g['share'] for g in native):.1f}% |\n")
+            if "phases" in res["modes"].get("structure", {}):
+                print(f"Structure's step by part ({name}, B {batch}, CPU of the calling thread, mean of the "
+                      "steps up to the 98th percentile):\n"
+                      "| part | ms a step | µs a row and step | share |\n|---|---|---|---|")
+                for p in res["modes"]["structure"]["phases"]:
+                    print(f"| {p['part']} | {p['ms_per_step']:.2f} | {p['us_per_row_step']:.1f} | "
+                          f"{100 * p['share']:.1f}% |")
             for mode, m in res["modes"].items():
                 for method, t in m.get("tree_calls", {}).items():
                     print(f"  {mode}: arctic's {method}, {t['calls']} calls, {t['us_per_call']:.1f} µs a "

@@ -156,3 +156,39 @@ def test_text_appended_after_the_index_is_searched_without_a_rebuild(monkeypatch
             assert index.longest_match(query, end, 3, 64) == longest_match(query, text[:at], end, 3, 64)
         # one build per DIRECT characters appended, not one per piece
         assert len(builds) <= 1 + (len(text) - 40) // 16
+
+
+def test_gram_tables_built_in_parts_are_those_of_one_build(monkeypatch):
+    """An index rebuilt after text was appended, or taken over by a longer text (`extending`: a row
+    continuing its episode's turn), merges the new grams into the tables it has: the tables equal
+    those of one build over the whole text, and the long grams' hash (by doubling) is the polynomial
+    hash of its definition."""
+    import random
+
+    import numpy as np
+
+    from agentspec_sdk.drafting import lookup as lookup_mod
+
+    CorpusIndex = lookup_mod.CorpusIndex
+    monkeypatch.setattr(CorpusIndex, "DIRECT", 0)
+    rng = random.Random(3)
+    for _ in range(300):
+        alphabet = 'ab c"{é\U0001f600'[: rng.randint(2, 8)]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 200)))
+        cut = rng.randint(0, len(text))
+        base = CorpusIndex(text[:cut])
+        base.prepare()
+        parts = CorpusIndex.extending(base, text)
+        parts.prepare()
+        whole = CorpusIndex(text)
+        whole.prepare()
+        if whole._tables is None:
+            continue
+        for gram in (CorpusIndex.SHORT, CorpusIndex.LONG):
+            assert np.array_equal(parts._tables[gram], whole._tables[gram])
+    codes = np.array([rng.randrange(0x110000) for _ in range(300)], dtype=np.uint64)
+    prime, mask = int(lookup_mod._PRIME), (1 << 64) - 1
+    for gram in (2, 5, 8):
+        expected = [sum(int(codes[i + j]) * pow(prime, gram - 1 - j, 1 << 64) for j in range(gram)) & mask
+                    for i in range(len(codes) - gram + 1)]
+        assert lookup_mod._gram_codes(codes, gram).tolist() == expected

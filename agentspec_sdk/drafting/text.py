@@ -22,6 +22,8 @@ class TokenBytes:
         self.texts: list[str | None] = [_whole_text(b) for b in self.table]
         # characters of each token's text, -1 where its bytes are not whole characters
         self.text_lengths = np.array([len(t) if t is not None else -1 for t in self.texts], dtype=np.int64)
+        # the same texts as an object array: a run of tokens' texts in one take (`HistoryText.extend`)
+        self.text_array = np.array(self.texts, dtype=object)
 
     def __getitem__(self, token: int) -> bytes:
         try:
@@ -111,8 +113,7 @@ class HistoryText:
         sizes = lengths[ids]
         if sizes.min() < 0:
             return None
-        texts = self._bytes.texts
-        new = "".join([texts[t] for t in ids.tolist()])
+        new = "".join(self._bytes.text_array[ids].tolist())
         self.char_end.extend((np.cumsum(sizes) + len(self)).tolist())
         self._live += new
         return new
