@@ -192,7 +192,6 @@ class CorpusIndex:
 
 
 _PRIME = np.uint64(0x100000001B3)
-_PRIME_POWERS = {1 << k: np.uint64(pow(int(_PRIME), 1 << k, 1 << 64)) for k in range(7)}  # P^(2^k)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a key is the high half of code * _MIX
 _OFFSET_BITS = np.uint64(32)
 _MAX_OFFSET = 1 << 32
@@ -215,7 +214,7 @@ def _gram_codes(codes: np.ndarray, gram: int) -> np.ndarray:
         if gram & (gram - 1) == 0:
             h, width = codes, 1
             while width < gram:
-                h = h[:len(h) - width] * _PRIME_POWERS[width] + h[width:]
+                h = h[:len(h) - width] * np.uint64(pow(int(_PRIME), width, 1 << 64)) + h[width:]
                 width *= 2
             return h
         h = np.zeros(n, dtype=np.uint64)
