@@ -14,7 +14,8 @@ accepted (at temperature 0 the target writes the same tokens whatever was drafte
 turn (one step of each, then the next), so a burst of load falls on all of them.
 
 Per mode, set and batch size: ms per step (median, p90) of the proposer call, wall and the calling
-thread's CPU time (robust to other load on the machine; a reaper thread's work is not in it), all of it and
+thread's CPU time (robust to other load on the machine; a reaper thread's work is not in it, the
+builder threads' work is a column of its own and counted in the ratio to suffix), all of it and
 "steady" (less the time spent building new rows and tearing down finished ones: structure's
 `RowState` set-up, continued or built, and `forget` of a row its parking lets go, the suffix cache's
 `start_request`, `stop_request` and evictions; structure's trees are torn down by a reaper thread
@@ -28,7 +29,7 @@ GPU pass: `--gpu-pass-ms` (default: a 32B BF16 target on one H200, 64 GB of weig
 `--phases`: structure's step by part (rows matched, new rows built or continued, drafts resolved, rows
 advanced, the own and tree candidates, sizing, the step's accounting), CPU of the calling thread per
 step and per row, from wrappers around the drafter's methods. `--profile N`: cProfile of structure's
-calls from step N on, and its own time grouped by where it runs (arctic's trees, llguidance, numpy,
+calls from step N on, and its own time grouped by where it runs (the suffix trees, llguidance, numpy,
 our modules, Python's builtins); the profiler slows Python calls more than native ones, so the
 native shares it prints are lower bounds.
 
@@ -40,7 +41,7 @@ figures are per-step costs, not acceptance figures (benchmarks/offline_drafting.
   python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --phases   # structure's step by part
   python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --profile 20   # cProfile structure
   python benchmarks/proposer_scale.py --sets code --plan tuned.json   # a tuned plan's policies
-  python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --tree-calls   # arctic's own share
+  python benchmarks/proposer_scale.py --sets tool_calls --batch 64 --tree-calls   # the trees' own share
   python benchmarks/proposer_scale.py --turns long.json --batch 8,64 --json out.json
 """
 
@@ -90,41 +91,45 @@ class Clock:
 
 
 class TreeCalls:
-    """`--tree-calls`: the calling thread's CPU inside arctic-inference's native `SuffixTree` methods,
-    by mode (suffix and structure both call them), counting the calls of a step (an `extend` of at most
-    γ + 1 tokens: a new row's prompt, extended at its set-up, is longer) and every `speculate`. What
-    the trees' own work costs a row and step, which no change outside them removes."""
+    """`--tree-calls`: the calling thread's CPU inside the suffix trees' native methods, by mode
+    (suffix calls arctic-inference's `SuffixTree`, structure the compiled `_trees.Forest` around the
+    same tree code), counting the calls of a step (an `extend` of at most γ + 1 tokens: a new row's
+    prompt, extended at its set-up, is longer), every `speculate` (`draft`: a draft and its
+    extension in one call) and structure's `step` (every row's tokens added and its draft, one call a
+    step). What the trees' own work costs a row and step."""
 
-    METHODS = ("extend", "extend_ndarray", "speculate", "speculate_ndarray")
+    METHODS = {"extend": "extend", "extend_ndarray": "extend", "speculate": "speculate",
+               "speculate_ndarray": "speculate", "draft": "speculate", "step": "step"}
 
     def __init__(self, gamma: int):
         from arctic_inference.suffix_decoding import _C
 
-        self.tree, self.gamma, self.mode = _C.SuffixTree, gamma, None
+        from agentspec_sdk.drafting import _trees
+
+        self.gamma, self.mode = gamma, None
         self.cpu: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        self._saved = {name: getattr(self.tree, name) for name in self.METHODS}
-        for name, fn in self._saved.items():
-            setattr(self.tree, name, self._timed(name, fn))
+        self._saved = [(cls, name, getattr(cls, name)) for cls in (_C.SuffixTree, _trees.Forest)
+                       for name in self.METHODS if hasattr(cls, name)]
+        for cls, name, fn in self._saved:
+            setattr(cls, name, self._timed(self.METHODS[name], fn))
 
-    def _timed(self, name: str, fn):
-        extend = name.startswith("extend")
-
-        def arctic_call(tree, *args):  # named so a profile tells arctic's native time apart
+    def _timed(self, method: str, fn):
+        def tree_call(tree, *args):  # named so a profile tells the trees' native time apart
             c = time.thread_time()
             try:
                 return fn(tree, *args)
             finally:
-                if self.mode is not None and not (extend and len(args[-1]) > self.gamma + 1):
-                    key = f"{self.mode}.{name.split('_')[0]}"
+                if self.mode is not None and not (method == "extend" and len(args[-1]) > self.gamma + 1):
+                    key = f"{self.mode}.{method}"
                     self.cpu[key] = self.cpu.get(key, 0.0) + time.thread_time() - c
                     self.calls[key] = self.calls.get(key, 0) + 1
-        return arctic_call
+        return tree_call
 
     def take(self, mode: str, row_steps: int) -> dict:
         """The mode's calls since the last `take`: µs a call and a row's µs a step, by method."""
         out = {}
-        for method in ("extend", "speculate"):
+        for method in ("extend", "speculate", "step"):
             key = f"{mode}.{method}"
             cpu, calls = self.cpu.pop(key, 0.0), self.calls.pop(key, 0)
             if calls:
@@ -133,8 +138,8 @@ class TreeCalls:
         return out
 
     def close(self) -> None:
-        for name, fn in self._saved.items():
-            setattr(self.tree, name, fn)
+        for cls, name, fn in self._saved:
+            setattr(cls, name, fn)
 
 
 class Phases:
@@ -146,11 +151,12 @@ class Phases:
     PARTS = (  # (label, module, class, method); indented labels are parts of the one above
         ("rows matched to the batch", "rows", "RowTracker", "match"),
         ("new rows (built or continued)", "rows", "RowTracker", "new_row"),
-        ("drafts resolved (accounting, choice judged)", "drafter", "StructureDrafter", "_resolve"),
-        ("rows advanced (text, segmenter, trees extended)", "rows", "RowState", "advance"),
+        ("drafts resolved (accounting, choice judged)", "records", "Accounting", "resolve_row"),
+        ("rows advanced (text, segmenter)", "rows", "RowState", "advance"),
+        ("the trees' call (rows' tokens added, drafts)", "suffix_source", "SuffixTrees", "step"),
         ("row candidates", "choice", "RowChoice", "candidate"),
         ("  own (forced text, lookups, tokenized)", "candidates", "OwnSource", "candidate"),
-        ("  trees (speculated, cut at the segment)", "candidates", "TreeSource", "candidate"),
+        ("  trees (their draft cut at the segment)", "candidates", "TreeSource", "candidate"),
         ("drafts sized", "pricing", "Sizer", "size"),
         ("prices", "pricing", "Sizer", "begin_step"),
         ("step settled (pending drafts, step record)", "drafter", "StructureDrafter", "_settle"),
@@ -383,11 +389,11 @@ class Replay:
         if self.profiler is not None:
             self.profiler.enable()
             self.profiled_rows += len(called)
-        t, c = time.perf_counter(), time.thread_time()
+        t, c, b = time.perf_counter(), time.thread_time(), _builders_cpu()
         drafts = self.proposer(sampled, num_tokens, ids, keys, prompt_lens)
         for j in self.finishing:
             self.proposer.finished(j)
-        spent, cpu = time.perf_counter() - t, time.thread_time() - c
+        spent, cpu, builders = time.perf_counter() - t, time.thread_time() - c, _builders_cpu() - b
         if self.profiler is not None:
             self.profiler.disable()
         setup, setup_cpu, built = self.proposer.setup.take()
@@ -420,6 +426,7 @@ class Replay:
                 self.slots[slot] = self.slots[last]
             self.slots.pop()
         self.steps.append({"rows": len(live), "called": len(called), "s": spent, "cpu_s": cpu,
+                           "builders_cpu_s": builders,
                            "steady_s": max(0.0, spent - setup - teardown),
                            "steady_cpu_s": max(0.0, cpu - setup_cpu - teardown_cpu), "new": new_rows,
                            "finished": finished_before, "setup_s": setup, "built": built,
@@ -436,6 +443,15 @@ def _drain_reaper() -> None:
     reaper = getattr(suffix_source, "_REAPER", None)  # None: a drafter from before the reaper
     while reaper is not None and reaper.pending:
         time.sleep(0.0002)
+
+
+def _builders_cpu() -> float:
+    """CPU seconds structure's builder threads have spent building prompt trees in this process (they
+    build a new row's tree while the proposer's call goes on with the other rows; the call waits for
+    them before it drafts that row)."""
+    from agentspec_sdk.drafting import suffix_source
+
+    return suffix_source.builders_cpu_seconds()
 
 
 def _offline():
@@ -469,6 +485,8 @@ def summary(steps: list[dict], batch: int) -> dict:
         "full_steady_ms": float(np.median([s["steady_s"] for s in full]) * 1e3) if full else None,
         "us_per_row": float(np.median(steady * 1e3 / rows)),
         "cpu_ms": float(np.median([s["cpu_s"] for s in steps]) * 1e3),
+        "builders_cpu_ms": float(np.mean([s["builders_cpu_s"] for s in steps]) * 1e3),
+        "cpu_and_builders_ms": float(np.median([s["cpu_s"] + s["builders_cpu_s"] for s in steps]) * 1e3),
         "steady_cpu_ms": float(np.median([s["steady_cpu_s"] for s in steps]) * 1e3),
         "cpu_us_per_row": float(np.median(np.array([s["steady_cpu_s"] for s in steps]) * 1e6 / rows)),
         "new_row_ms": 1e3 * sum(s["setup_s"] for s in steps) / built if built else None,
@@ -552,17 +570,17 @@ def run(set_name: str, path: Path, batch: int, gamma: int, modes: tuple[str, ...
     return out
 
 
-NATIVE_GROUPS = ("arctic's suffix trees (native)", "llguidance (native)", "numpy")
+NATIVE_GROUPS = ("suffix trees (native)", "llguidance (native)", "numpy")
 
 
 def time_went(stats: dict) -> list[tuple[str, float, float]]:
-    """(group, seconds, share) of a profile's own time by where it runs: arctic's suffix trees (the
-    `TreeCalls` wrappers: nanobind's methods are invisible to cProfile, their time would land in the
+    """(group, seconds, share) of a profile's own time by where it runs: the suffix trees (the
+    `TreeCalls` wrappers: native methods are invisible to cProfile, their time would land in the
     caller), llguidance's matcher and tokenizer, numpy, our code by module, Python's builtins (str,
     list, dict, re, len...) and the rest; largest first."""
     groups: dict[str, float] = {}
     for (path, _line, name), (_cc, _nc, own, _cum, _callers) in stats.items():
-        if name == "arctic_call" or "arctic_inference" in path:
+        if name == "tree_call" or "arctic_inference" in path:
             group = NATIVE_GROUPS[0]
         elif path == "~" and ("LLMatcher" in name or "LLTokenizer" in name or "llguidance" in name):
             group = NATIVE_GROUPS[1]
@@ -595,20 +613,22 @@ def _fmt(x, digits: int = 2) -> str:
 
 def table(results: list[dict], passes: dict[int, float]) -> str:
     lines = ["| set | B | mode | ms/step all (p90) | steady (p90) | µs/row steady | CPU ms all / steady | "
-             "CPU µs/row steady | new row ms | finished row ms | drafted/step | accepted/step | "
-             "÷ suffix all / steady (CPU) | GPU pass share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "builders' CPU ms | CPU µs/row steady | new row ms | finished row ms | drafted/step | "
+             "accepted/step | ÷ suffix all (+ builders) / steady (CPU) | GPU pass share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         suffix = res["modes"].get("suffix")
         for mode, m in res["modes"].items():
-            vs = (f"{m['cpu_ms'] / suffix['cpu_ms']:.2f} / {m['steady_cpu_ms'] / suffix['steady_cpu_ms']:.2f}"
+            vs = (f"{m['cpu_and_builders_ms'] / suffix['cpu_ms']:.2f} / "
+                  f"{m['steady_cpu_ms'] / suffix['steady_cpu_ms']:.2f}"
                   if suffix and suffix["cpu_ms"] > 0 and suffix["steady_cpu_ms"] > 0 else "–")
             gpu = passes.get(res["batch"])
             share = f"{100 * m['ms'] / gpu:.0f}% of {gpu:g} ms" if gpu else "–"
             lines.append(
                 f"| {res['set']} | {res['batch']} | {mode} | {_fmt(m['ms'])} ({_fmt(m['ms_p90'])}) | "
                 f"{_fmt(m['steady_ms'])} ({_fmt(m['steady_ms_p90'])}) | {_fmt(m['us_per_row'], 0)} | "
-                f"{_fmt(m['cpu_ms'])} / {_fmt(m['steady_cpu_ms'])} | {_fmt(m['cpu_us_per_row'], 0)} | "
+                f"{_fmt(m['cpu_ms'])} / {_fmt(m['steady_cpu_ms'])} | {_fmt(m['builders_cpu_ms'])} | "
+                f"{_fmt(m['cpu_us_per_row'], 0)} | "
                 f"{_fmt(m['new_row_ms'])} | {_fmt(m['finished_row_ms'])} | "
                 f"{_fmt(m['drafted_per_step'], 1)} | {_fmt(m['accepted_per_step'], 1)} | {vs} | {share} |")
     return "\n".join(lines)
@@ -668,7 +688,7 @@ def main() -> None:
                           f"{100 * p['share']:.1f}% |")
             for mode, m in res["modes"].items():
                 for method, t in m.get("tree_calls", {}).items():
-                    print(f"  {mode}: arctic's {method}, {t['calls']} calls, {t['us_per_call']:.1f} µs a "
+                    print(f"  {mode}: the trees' {method}, {t['calls']} calls, {t['us_per_call']:.1f} µs a "
                           f"call, {t['us_per_row_step']:.1f} µs a row and step")
     passes = gpu_pass_ms(args.gpu_pass_ms)
     print(table(results, passes))

@@ -58,3 +58,4 @@ def test_wheel_ships_the_grammars(tmp_path):
     for name in grammars.grammar_names():
         assert f"agentspec_sdk/grammars/{name}.lark" in names
     assert not any(n.startswith("integrations/") for n in names)
+    assert any(n.startswith("agentspec_sdk/drafting/_trees.") for n in names)  # the compiled trees

@@ -1,5 +1,6 @@
-"""Suffix trees (arctic-inference's SuffixDecodingCache) as a draft source of the structure drafter, and
-the budget pricing each of their tokens by its own confidence."""
+"""Suffix trees (arctic-inference's trees, kept as its SuffixDecodingCache keeps them, compiled in
+`drafting._trees`) as a draft source of the structure drafter, and the budget pricing each of their
+tokens by its own confidence."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from agentspec_sdk.drafting.rows import Candidate, RowInput
 from agentspec_sdk.drafting.suffix_source import SuffixTrees, available
 from agentspec_sdk.structure.formats import CODE_AGENT
 
-pytestmark = pytest.mark.skipif(not available(),
-                                reason="arctic-inference missing: scripts/setup.sh installs it")
+pytestmark = pytest.mark.skipif(not available(), reason="the compiled trees: pip install -e . builds them")
 
 
 def test_trees_draft_from_the_prompt_with_conditional_confidences():
@@ -44,51 +44,99 @@ def test_finished_rows_feed_the_global_tree():
 
 def test_extension_is_the_longer_draft_past_suffix_own():
     """At spec factor 1 a 3-token match drafts 3 tokens; the extension at factor 2 holds the next 3,
-    and nothing when the longer draft does not begin with the row's own or no extension is set."""
+    and nothing where suffix's own draft already fills the room or no extension is set."""
     trees = SuffixTrees(extend_factor=2.0)
     key = trees.start(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]))
     context = np.array([50, 1, 2, 3])
-    base, _ = trees.speculate(key, context, 16)
-    assert base == [4, 5, 6]
-    more, conf = trees.extension(key, context, 16, base)
-    assert more == [7, 8, 9] and len(conf) == 3 and all(0.0 <= c <= 1.0 for c in conf)
-    assert trees.extension(key, context, 16, [4, 5, 7]) == ([], [])  # not suffix's own draft
-    assert trees.extension(key, context, 3, base) == ([], [])  # suffix's own draft already fills γ
+    base, conf, more, more_conf = trees.draft(key, context, 16)
+    assert base == [4, 5, 6] and (base, conf) == trees.speculate(key, context, 16)
+    assert more == [7, 8, 9] and len(more_conf) == 3 and all(0.0 <= c <= 1.0 for c in more_conf)
+    assert trees.draft(key, context, 3)[2:] == ([], [])  # suffix's own draft already fills γ
+    assert trees.draft(key, context, 16, extend_factor=0.0)[2:] == ([], [])
     trees.extend_factor = None
-    assert trees.extension(key, context, 16, base) == ([], [])
+    assert trees.draft(key, context, 16)[2:] == ([], [])
 
 
-def test_the_native_trees_draft_what_the_cache_drafts():
-    """The trees called directly (`_NativeTrees`) and through arctic's `SuffixDecodingCache` methods:
-    the same drafts and confidences, step after step, on rows that share the global tree, after a
-    row stops and where the prompt tree and the global tree tie."""
+def _cache_draft(cache, key, history, max_tokens, factor, prob, extend_factor):
+    """What the structure drafter drafts through arctic-inference's own cache: its draft at `factor`
+    and, at `extend_factor`, the tokens past it where the longer draft begins with it."""
+    def confident(draft):
+        conf, before = [], 1.0
+        for p in map(float, draft.probs):
+            conf.append((1.0 if p / before > 1.0 else p / before) if before > 0 else 0.0)
+            before = p
+        return list(map(int, draft.token_ids)), conf
+
+    context = np.ascontiguousarray(history[-24:], dtype=np.int32)
+    base = confident(cache.speculate(key, context, max_spec_tokens=max_tokens, max_spec_factor=factor,
+                                     min_token_prob=prob))
+    more = [], []
+    if extend_factor > factor and len(base[0]) < max_tokens and (base[0] or factor < 1):
+        tokens, conf = confident(cache.speculate(key, context, max_spec_tokens=max_tokens,
+                                                 max_spec_factor=extend_factor, min_token_prob=prob))
+        n = len(base[0])
+        if len(tokens) > n and tokens[:n] == base[0]:
+            more = tokens[n:], conf[n:]
+    return (*base, *more)
+
+
+def test_the_compiled_trees_draft_what_arctics_cache_drafts():
+    """`SuffixTrees` (the compiled forest) and arctic-inference's `SuffixDecodingCache` fed the same
+    rows: the same drafts, confidences and extensions, step after step, on rows that share the global
+    tree, continue another row's tree, stop, and where the cache evicts the oldest responses."""
+    arctic = pytest.importorskip("arctic_inference.suffix_decoding")
     rng = np.random.default_rng(0)
-    pieces = [rng.integers(0, 40, size=rng.integers(2, 9)) for _ in range(12)]
-    direct, wrapped = SuffixTrees(extend_factor=2.0), SuffixTrees(extend_factor=2.0)
-    assert direct._native is not None
-    wrapped._native = None
-    drafts = 0
-    for row in range(6):
-        prompt = np.concatenate([pieces[(row * 5 + j) % 12] for j in range(4)])
-        keys = [t.start(prompt) for t in (direct, wrapped)]
-        history = prompt
-        for step in range(10):
-            new = pieces[(row + step) % 12][: 1 + step % 3]
-            for t, key in zip((direct, wrapped), keys, strict=True):
-                t.extend(key, new)
-            history = np.concatenate([history, new])
-            for factor, prob in ((1.0, 0.1), (0.5, 0.3), (4.0, 0.05)):
-                a = direct.speculate(keys[0], history, 8, factor, prob)
-                b = wrapped.speculate(keys[1], history, 8, factor, prob)
-                assert a == b
-                assert direct.extension(keys[0], history, 8, a[0]) == wrapped.extension(keys[1], history, 8,
-                                                                                         b[0])
-                drafts += bool(a[0])
-        if row % 2:
-            for t, key in zip((direct, wrapped), keys, strict=True):
-                t.stop(key)
-            assert direct.speculate(keys[0], history, 8) == ([], [])
-    assert drafts > 20  # the rows matched something: the comparison compared drafts
+    compared = extended = 0
+    for vocab, cached in ((6, 3), (40, 10_000), (4, -1)):
+        trees = SuffixTrees(max_cached_requests=cached)
+        cache = arctic.SuffixDecodingCache(max_tree_depth=24, max_cached_requests=cached)
+        rows: dict[int, tuple[int, np.ndarray]] = {}  # our key: (cache's key, history)
+        for op in range(400):
+            pick = int(rng.integers(0, 100))
+            if pick < 12 or not rows:
+                history = rng.integers(0, vocab, size=int(rng.integers(1, 120))).astype(np.int32)
+                key, response = trees.start(history, 1), len(rows) + op * 1000
+                cache.start_request(response, history[:-1])
+                cache.add_active_response(response, history[-1:])
+                rows[key] = response, history
+            elif pick < 18:  # the next turn of a row: its tree taken over, extended by the new tokens
+                old = list(rows)[int(rng.integers(0, len(rows)))]
+                ckey, history = rows.pop(old)
+                new = rng.integers(0, vocab, size=int(rng.integers(1, 30))).astype(np.int32)
+                key = trees.adopt(old, new, 1)
+                nkey = ckey + 1_000_000
+                tree = cache._local_trees.pop(ckey)
+                tree.extend_ndarray(0, new[:-1])
+                cache._local_trees[nkey] = tree
+                cache._generate_seq_id(nkey)
+                cache.add_active_response(nkey, new[-1:])
+                rows[key] = nkey, np.concatenate([history, new])
+            elif pick < 25:
+                key = list(rows)[int(rng.integers(0, len(rows)))]
+                ckey, _ = rows.pop(key)
+                trees.stop(key)
+                cache.stop_request(ckey)
+                assert trees.draft(key, np.arange(5), 8) == ([], [], [], [])
+            elif pick < 60:
+                key = list(rows)[int(rng.integers(0, len(rows)))]
+                ckey, history = rows[key]
+                new = rng.integers(0, vocab, size=int(rng.integers(1, 6))).astype(np.int32)
+                trees.extend(key, new)
+                cache.add_active_response(ckey, new)
+                rows[key] = ckey, np.concatenate([history, new])
+            else:
+                key = list(rows)[int(rng.integers(0, len(rows)))]
+                ckey, history = rows[key]
+                gamma = int(rng.choice([3, 8, 16]))
+                factor, prob = float(rng.choice([0.5, 1.0, 1.5])), float(rng.choice([0.0, 0.1, 0.3]))
+                extend = float(rng.choice([0.0, 2.0, 4.0]))
+                ours = trees.draft(key, history, gamma, extend, factor, prob)
+                assert ours == _cache_draft(cache, ckey, history, gamma, factor, prob, extend)
+                assert trees.speculate(key, history, gamma, factor, prob) == ours[:2]
+                compared += bool(ours[0])
+                extended += bool(ours[2])
+        assert trees.forest.num_cached() == len(cache.cached_requests)
+    assert compared > 200 and extended > 20  # drafts and extensions were compared, not only empties
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +334,46 @@ def test_a_draft_never_ends_with_the_turn_end(tok):
         draft, pending, truth = _two_agents(tok, DraftPlan(tools=[], learn_delta=False, boundary=boundary),
                                             then="<|im_end|>")
         assert truth[-1] == 2 and draft == truth[:len(draft)] and draft and 2 not in draft
+
+
+def test_prompt_trees_built_on_builder_threads_draft_as_trees_built_inline():
+    """Rows started with `defer` (the drafter's way) get their long prompt trees from builder threads
+    while the caller goes on; a step waits for them: the same drafts, step after step, as trees built
+    on the caller's thread, and the builders' CPU is counted apart."""
+    from agentspec_sdk.drafting._trees import Forest
+
+    from agentspec_sdk.drafting import suffix_source
+
+    rng = np.random.default_rng(1)
+    threaded, inline = SuffixTrees(build_threads=2), SuffixTrees(build_threads=0)
+    cpu_before = Forest.build_cpu_seconds()
+    histories = [rng.integers(0, 30, size=int(rng.integers(suffix_source.MIN_BUILT, 1500)))
+                 for _ in range(12)]
+    keys = [[t.start(h, 1, defer=True) for h in histories] for t in (threaded, inline)]
+    assert all(threaded.forest.active(k) for k in keys[0])
+    for _ in range(5):
+        none = np.zeros(0, dtype=np.int32)
+        asks = [[t.request(k, none, h, 1, 8, 1.0, 0.1, 2.0) for k, h in zip(ks, histories, strict=True)]
+                for t, ks in zip((threaded, inline), keys, strict=True)]
+        drafted = [t.step(a) for t, a in zip((threaded, inline), asks, strict=True)]
+        assert drafted[0] == drafted[1] and any(d[0] for d in drafted[0])
+        gained = [rng.integers(0, 30, size=3) for _ in histories]
+        histories = [np.concatenate([h, g]) for h, g in zip(histories, gained, strict=True)]
+        for t, ks in zip((threaded, inline), keys, strict=True):
+            t.step([t.request(k, g, h, 0) for k, g, h in zip(ks, gained, histories, strict=True)])
+    assert Forest.build_cpu_seconds() > cpu_before
+
+
+def test_builder_threads_are_set_by_the_environment(monkeypatch):
+    import os
+
+    from agentspec_sdk.drafting import suffix_source
+    from agentspec_sdk.errors import PlanError
+
+    monkeypatch.setenv(suffix_source.BUILDERS_ENV, "3")
+    assert suffix_source._build_threads() == 3
+    monkeypatch.setenv(suffix_source.BUILDERS_ENV, "many")
+    with pytest.raises(PlanError, match="AGENTSPEC_TREE_BUILDERS='many'"):
+        SuffixTrees()
+    monkeypatch.delenv(suffix_source.BUILDERS_ENV)
+    assert suffix_source._build_threads() == min(4, (os.cpu_count() or 1) // 4)

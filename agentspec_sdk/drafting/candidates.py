@@ -259,19 +259,32 @@ class TreeSource:
         self.setup, self.plan, self.gamma, self.lab = setup, setup.plan, setup.gamma, setup.lab
         self.trees, self.acceptance = trees, acceptance
 
+    def ask(self, st: RowState, new_tokens, policy: str, policy_kind: str, room: int) -> tuple:
+        """The row's part of the step's call into the trees (`SuffixTrees.step`): its `new_tokens`
+        added, then by the `policy` of its `policy_kind` its draft at its segment kind's knobs with
+        the extension ("structure", read by `candidate`), exactly vLLM's suffix draft at the policy
+        kind's knobs, at most `room` tokens ("trees", read by `vllm_draft`), or none. The draft comes
+        back as `st.tree_draft`."""
+        if policy == "structure":
+            rule = self.setup.rule(st.seg.kind, st.fmt.name)
+            return self.trees.request(st.tree_key, new_tokens, st.tail, 1, self.gamma, rule.tree_spec_factor,
+                                      rule.tree_min_token_prob, rule.extend_factor or 0.0)
+        if policy == "trees":
+            rule = self.setup.rule(policy_kind, st.fmt.name)
+            return self.trees.request(st.tree_key, new_tokens, st.tail, 2, room, rule.tree_spec_factor,
+                                      rule.tree_min_token_prob)
+        return self.trees.request(st.tree_key, new_tokens, st.tail, 0)
+
     def candidate(self, st: RowState, note: dict | None = None) -> Candidate | None:
-        """SuffixDecoding's draft for this row, cut where the current segment ends (boundary "wall")
-        or priced past it (boundary "price": the tokens after the end are source "cross"). `note`
-        (explain mode) gets the draft before the cut (`tree_raw`, `tree_conf`)."""
+        """SuffixDecoding's draft for this row (`st.tree_draft`, see `ask`), cut where the current
+        segment ends (boundary "wall") or priced past it (boundary "price": the tokens after the end
+        are source "cross"). `note` (explain mode) gets the draft before the cut (`tree_raw`,
+        `tree_conf`)."""
         kind = st.fmt.kind(st.seg.kind)
         rule = self.setup.rule(kind.name, st.fmt.name)
-        tokens, conf = self.trees.speculate(st.tree_key, st.tail, self.gamma, rule.tree_spec_factor,
-                                            rule.tree_min_token_prob)
+        tokens, conf, more, more_conf = st.tree_draft or ([], [], [], [])
         law_class = kind.law_class.value
         sources = ["suffix"] * len(tokens)
-        more, more_conf = self.trees.extension(st.tree_key, st.tail, self.gamma, tokens,
-                                               rule.extend_factor or 0.0, rule.tree_spec_factor,
-                                               rule.tree_min_token_prob)
         if more:  # past what suffix's spec factor allows: priced by the learned acceptance of "extend"
             extend = self.acceptance.alpha(law_class, "extend", kind.name)
             tokens, conf = tokens + more, conf + [c * extend for c in more_conf]
@@ -293,12 +306,11 @@ class TreeSource:
         return Candidate(tokens, sources, kind.name, law_class, conf)
 
 
-    def vllm_draft(self, st: RowState, rule: KindRule, room: int) -> Candidate | None:
-        """Exactly the draft vLLM's suffix proposer sends for this row (policy "trees"): the trees'
-        speculation on the history's last `max_tree_depth` tokens at the kind's knobs, at most `room`
-        tokens; no segment cut, no extension, no budget."""
-        tokens, conf = self.trees.speculate(st.tree_key, st.tail, room, rule.tree_spec_factor,
-                                            rule.tree_min_token_prob)
+    def vllm_draft(self, st: RowState) -> Candidate | None:
+        """Exactly the draft vLLM's suffix proposer sends for this row (policy "trees", `st.tree_draft`
+        from `ask`): the trees' speculation on the history's last `max_tree_depth` tokens at
+        the kind's knobs, at most `room` tokens; no segment cut, no extension, no budget."""
+        tokens, conf = st.tree_draft or ([], [])
         if not tokens:
             return None
         kind = st.fmt.kind(st.seg.kind)

@@ -28,6 +28,8 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from agentspec_sdk.drafting.budget import TokenRate
 from agentspec_sdk.drafting.candidates import DraftSetup, OwnSource, TreeSource, opening_of
 from agentspec_sdk.drafting.choice import ChoiceBias, RowChoice
@@ -35,10 +37,9 @@ from agentspec_sdk.drafting.grammars import CallGrammars
 from agentspec_sdk.drafting.lab import LabSwitches
 from agentspec_sdk.drafting.plan import DraftPlan, PlanWatcher
 from agentspec_sdk.drafting.pricing import Estimates, Sizer
-from agentspec_sdk.drafting.records import Accounting, PendingDraft, resolve
+from agentspec_sdk.drafting.records import Accounting, PendingDraft
 from agentspec_sdk.drafting.rows import Candidate, RowContext, RowInput, RowState, RowTracker
 from agentspec_sdk.drafting.suffix_source import SuffixTrees
-from agentspec_sdk.drafting.suffix_source import available as suffix_available
 from agentspec_sdk.drafting.tokenizer import MemoTokenizer, ll_tokenizer, turn_markers
 from agentspec_sdk.errors import AgentSpecError
 from agentspec_sdk.law.cost_fits import OnlineStepCost
@@ -50,6 +51,7 @@ __all__ = ["LOG_EVERY", "LOGGED_FAILURES", "StructureDrafter"]
 
 log = logging.getLogger("agentspec.drafting")
 
+_NO_TOKENS = np.zeros(0, dtype=np.int64)  # a new row's tokens gained this step: its whole history is built
 LOGGED_FAILURES = 10  # failures (rows or steps) logged with their traceback; after them every LOG_EVERY-th
 LOG_EVERY = 1000
 
@@ -125,7 +127,7 @@ class StructureDrafter:
             grammars = CallGrammars(registry, self.ll, self.memo_tokenizer) if len(registry) else None
         except AgentSpecError as exc:  # an unsupported schema: lookup still works, no forced drafts
             grammars, self.grammar_error = None, str(exc)
-        self._apply_trees(plan)
+        self.trees = SuffixTrees.for_plan(plan, self.lab.suffix_trees, self.trees)
         # formats or tools changed: rebuild every row's state
         self.rows.reset(RowContext(self.trees, self.token_bytes, self.turn_start, self.turn_end,
                                    self.pick_format))
@@ -146,23 +148,6 @@ class StructureDrafter:
         self.accounting.flush()
         self.accounting.records_path = Path(plan.records_path) if plan.records_path else None
         self.accounting.records_max_bytes = plan.records_max_bytes
-
-    def _apply_trees(self, plan: DraftPlan) -> None:
-        wanted = self.lab.suffix_trees
-        if wanted and self.trees is not None:  # the knobs apply from the next step on
-            self.trees.max_spec_factor = plan.suffix_max_spec_factor
-            self.trees.min_token_prob = plan.suffix_min_token_prob
-            self.trees.extend_factor = plan.suffix_extend_factor
-        if wanted and self.trees is None:
-            if suffix_available():
-                self.trees = SuffixTrees(max_spec_factor=plan.suffix_max_spec_factor,
-                                         min_token_prob=plan.suffix_min_token_prob,
-                                         extend_factor=plan.suffix_extend_factor)
-            else:
-                log.warning("arctic-inference is not installed: the structure drafter runs without suffix "
-                            "trees")
-        elif not wanted:
-            self.trees = None
 
     def _check_plan(self) -> None:
         if self._watcher is None:
@@ -235,12 +220,46 @@ class StructureDrafter:
     def _candidates(self, rows: Sequence[RowInput], states: list[RowState | None], prices):
         """(each row's candidate to size, rows that failed, draft tokens accepted among the drafts
         resolved, explain notes or None, {row: its policy "trees" draft, sent unsized}); a failing
-        row's state is dropped."""
+        row's state is dropped. After `_follow`, row after row: the row's last draft resolved, then its
+        candidate chosen (each row reads the estimates the rows before it taught)."""
         candidates: list[Candidate | None] = [None] * len(rows)
         kinds: list[str | None] = [None] * len(rows)
         direct: dict[int, Candidate] = {}
         notes = [{} for _ in rows] if self.explain is not None else None
-        errors = accepted = 0
+        policies, followed, errors = self._follow(rows, states, kinds)
+        accepted = 0
+        for i, policy in enumerate(policies):
+            if policy is None:
+                continue
+            try:
+                st = states[i]
+                if followed[i] is not None:
+                    accepted += self.accounting.resolve_row(st, followed[i], rows[i].sampled,
+                                                            self.choices.judge)
+                if policy != "structure":
+                    st.contest = None
+                    cand = self.tree.vllm_draft(st) if policy == "trees" and self.tree is not None else None
+                    if cand is not None:
+                        direct[i] = cand
+                    continue
+                candidates[i] = self._row_candidate(i, st, float(prices[i]),
+                                                    notes[i] if notes is not None else None)
+            except Exception:  # one bad row never takes the batch down: it gets no draft
+                errors += 1
+                states[i] = kinds[i] = None
+                self._failed(f"row {i}")
+        self.last_kinds = kinds
+        return candidates, errors, accepted, notes, direct
+
+    def _follow(self, rows: Sequence[RowInput], states: list[RowState | None], kinds: list):
+        """The rows follow their histories (new rows built, text and segments advanced), each says
+        what it wants of the trees, and one call adds every row's new tokens to the trees and drafts
+        from them, row after row (`SuffixTrees.step`, into `st.tree_draft`). Returns (each row's
+        policy, None for a row not drafted; the history where a row's last draft is to be resolved;
+        rows that failed)."""
+        policies: list[str | None] = [None] * len(rows)
+        followed: list = [None] * len(rows)
+        asks, asked, errors = [], [], 0
         for i, row in enumerate(rows):
             if not row.draftable:
                 continue
@@ -251,28 +270,27 @@ class StructureDrafter:
                     response = (row.sampled or 1) if self.vllm_feed else 0
                     st = states[i] = self.rows.new_row(ids, response)
                     self.accounting.rebuilds += 1
+                    new = _NO_TOKENS
                 else:
-                    accepted += self._resolve(st, ids, row.sampled)
-                    st.advance(ids)
+                    followed[i] = ids
+                    new = st.advance(ids)
                 kind = kinds[i] = self._policy_kind(st)
-                policy = self.policies.get((st.fmt.name, kind), self.default_policy)
-                if policy != "structure":
-                    st.contest = None
-                    if policy == "trees" and self.tree is not None:
-                        room = self.gamma if self.max_model_len is None else \
-                            min(self.gamma, self.max_model_len - st.n - 1)
-                        cand = self.tree.vllm_draft(st, self.setup.rule(kind, st.fmt.name), room)
-                        if cand is not None:
-                            direct[i] = cand
-                    continue
-                candidates[i] = self._row_candidate(i, st, float(prices[i]),
-                                                    notes[i] if notes is not None else None)
+                policy = policies[i] = self.policies.get((st.fmt.name, kind), self.default_policy)
+                st.tree_draft = None
+                if self.tree is not None:
+                    room = self.gamma if self.max_model_len is None else \
+                        min(self.gamma, self.max_model_len - st.n - 1)
+                    asks.append(self.tree.ask(st, new, policy, kind, room))
+                    asked.append(i)
             except Exception:  # one bad row never takes the batch down: it gets no draft
                 errors += 1
-                states[i] = kinds[i] = None
+                states[i] = kinds[i] = policies[i] = None
                 self._failed(f"row {i}")
-        self.last_kinds = kinds
-        return candidates, errors, accepted, notes, direct
+        if asks:
+            for i, drafted in zip(asked, self.trees.step(asks), strict=True):
+                if states[i] is not None:
+                    states[i].tree_draft = drafted
+        return policies, followed, errors
 
     def _policy_kind(self, st: RowState) -> str:
         """The segment kind whose policy governs the row's draft: the kind it is in, or the structured
@@ -310,22 +328,6 @@ class StructureDrafter:
                  "drafted_s": int(sum(k for k, c in zip(sizes, candidates, strict=True)
                                       if k and c.law_class == "S"))}
         self.accounting.end_step(len(rows), sum(sizes), time.perf_counter() - started, errors, at, extra)
-
-    def _resolve(self, st: RowState, ids, sampled: int | None = None) -> int:
-        """Resolve the row's pending draft against the tokens it gained (accounted, and the row's
-        source choice judged); the draft tokens accepted."""
-        pending = st.pending
-        if pending is None or len(ids) <= pending.position:
-            return 0
-        st.pending = None
-        # verified in the step that just ran only when the draft began where that step's tokens begin
-        verified = sampled - 1 if sampled and len(ids) - sampled == pending.position else None
-        rnd = resolve(pending, ids[pending.position:].tolist(), verified)
-        self.accounting.add(rnd, pending.sources, pending.confidences)
-        if st.contest is not None:
-            self.choices.judge(st.contest, rnd.accepted, ids[pending.position:].tolist())
-            st.contest = None
-        return rnd.accepted
 
     # -- reading --------------------------------------------------------------------------------
 

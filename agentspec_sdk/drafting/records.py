@@ -174,6 +174,24 @@ class Accounting:
         self.rebuilds = 0
         self.dropped = 0  # drafts whose row left the batch before they could be resolved
 
+    def resolve_row(self, st, ids, sampled: int | None, judge) -> int:
+        """Resolve row state `st`'s pending draft (`rows.RowState.pending`) against the history `ids`
+        it now has: accounted here, the row's source choice (`st.contest`) judged by `judge`
+        (`choice.ChoiceBias.judge`); the draft tokens accepted. `sampled`: the tokens the step that
+        just ran gave the row (vLLM's count), where known."""
+        pending = st.pending
+        if pending is None or len(ids) <= pending.position:
+            return 0
+        st.pending = None
+        # verified in the step that just ran only when the draft began where that step's tokens begin
+        verified = sampled - 1 if sampled and len(ids) - sampled == pending.position else None
+        rnd = resolve(pending, ids[pending.position:].tolist(), verified)
+        self.add(rnd, pending.sources, pending.confidences)
+        if st.contest is not None:
+            judge(st.contest, rnd.accepted, ids[pending.position:].tolist())
+            st.contest = None
+        return rnd.accepted
+
     def add(self, rnd: DraftRound, sources: list[str] | None = None,
             confidences: list[float] | None = None) -> None:
         """`sources`: per drafted token. The acceptance of each source is learned from its own run of

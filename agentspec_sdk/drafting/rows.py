@@ -85,8 +85,8 @@ class RowState:
     prompt's gram index and the corpora of the earlier model turns are those a new row builds."""
 
     __slots__ = ("tail", "n", "hash", "text", "fmt", "turn_char", "seg", "corpora", "prompt_text",
-                 "call", "call_start", "pending", "contest", "trees", "tree_key", "prompt_pieces",
-                 "last_turn")
+                 "call", "call_start", "pending", "contest", "trees", "tree_key", "tree_draft",
+                 "prompt_pieces", "last_turn")
 
     def __init__(self, drafter: RowContext, ids: np.ndarray, prev: RowState | None = None,
                  hashes: np.ndarray | None = None, response: int = 0):
@@ -104,12 +104,15 @@ class RowState:
         self.call: CallMatcher | None = None
         self.call_start = -1
         self.pending: PendingDraft | None = None
-        # the row's source choice this step, judged when the target's tokens come (drafter._resolve):
+        # the trees' draft for this step (`SuffixTrees.step`): (tokens, confidences, extension's
+        # tokens, their confidences), or (tokens, confidences) for vLLM's suffix draft; None: none
+        self.tree_draft: tuple | None = None
+        # the row's source choice this step, judged when the target's tokens come (`Accounting.resolve_row`):
         # (choice key, the tree was chosen, the passed-over candidate's tokens as the budget would send them)
         self.contest: tuple | None = None
 
     def _build(self, drafter: RowContext, ids: np.ndarray, response: int = 0) -> None:
-        self.tree_key = self.trees.start(ids, response) if self.trees is not None else -1
+        self.tree_key = self.trees.start(ids, response, defer=True) if self.trees is not None else -1
         self.text = HistoryText(drafter.token_bytes)
         self.text.extend(ids.tolist())
         full = self.text.text
@@ -136,8 +139,8 @@ class RowState:
         self.fmt = fmt
         self.tree_key = -1
         if self.trees is not None:
-            key = self.trees.adopt(prev.tree_key, ids[prev.n:], response)
-            self.tree_key = key if key is not None else self.trees.start(ids, response)
+            key = self.trees.adopt(prev.tree_key, ids[prev.n:], response, defer=True)
+            self.tree_key = key if key is not None else self.trees.start(ids, response, defer=True)
             if key is None:
                 prev.forget()
         self.prompt_text = CorpusIndex.extending(prev.prompt_text, prompt)
@@ -184,17 +187,19 @@ class RowState:
         k = len(self.tail)
         return np.array_equal(ids[n - k:n], self.tail)
 
-    def advance(self, ids: np.ndarray) -> None:
+    def advance(self, ids: np.ndarray) -> np.ndarray:
+        """The row's history is now `ids` (its own followed by the tokens the step gained): text,
+        segments and lookup corpora follow; returns the new tokens, which the caller adds to the
+        trees (`SuffixTrees.step`, in the batch's row order)."""
         new = ids[self.n:]
         if not len(new):
-            return
+            return new
         self.tail = np.asarray(ids[-TAIL:], dtype=np.int64).copy()
         self.n = len(ids)
         new_list = new.tolist()
         self.hash.extend(new_list)
-        if self.trees is not None:
-            self.trees.extend(self.tree_key, new)
         self._feed(self.text.extend(new_list))
+        return new
 
     def _feed(self, chunk: str) -> None:
         if not chunk:

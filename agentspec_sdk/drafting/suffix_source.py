@@ -1,13 +1,14 @@
 """Suffix-tree continuations for the structure drafter: SuffixDecoding's trees, confidences included.
 
-`arctic_inference.suffix_decoding.SuffixDecodingCache` is what vLLM's `suffix` drafter runs: a tree
-over each request's prompt plus one global tree over the responses of all requests, both matched
-against the last `max_tree_depth` tokens, every drafted token with the tree's estimate of the
-probability of the path up to it. The drafter drives one cache exactly as vLLM's proposer does (same
-depth, spec factor and probability floor), so on every row it knows what suffix decoding would have
-drafted; the drafter then cuts that draft at the segment's end and lets the budget price each token
-by its own confidence. The structure drafter is thereby a superset of suffix decoding inside a
-segment.
+vLLM's `suffix` drafter runs arctic-inference's `SuffixDecodingCache`: a tree over each request's
+prompt plus one global tree over the responses of all requests, both matched against the last
+`max_tree_depth` tokens, every drafted token with the tree's estimate of the probability of the path
+up to it. The drafter keeps the same trees in `_trees.Forest` (C++, csrc/suffix_trees: arctic's tree
+code, kept and evicted as the cache keeps them) with the same depth, spec factor and probability
+floor, so on every row it knows what suffix decoding would have drafted; the drafter then cuts that
+draft at the segment's end and lets the budget price each token by its own confidence. The structure
+drafter is thereby a superset of suffix decoding inside a segment. A row's tokens reach both trees in
+one call, and its draft and the draft's extension (`draft`) come from one pass over the matches.
 
 Keys: vLLM's proposer sees no request ids, so a "request" here is one tracked row (the drafter's
 `_Row`: a history it follows step by step); a row that is rebuilt (it left the batch and came back,
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 
 import numpy as np
+
+from agentspec_sdk.errors import PlanError
 
 log = logging.getLogger("agentspec.drafting")
 
@@ -33,189 +37,171 @@ MAX_TREE_DEPTH = 24
 MAX_CACHED_REQUESTS = 10_000
 MAX_SPEC_FACTOR = 1.0
 MIN_TOKEN_PROB = 0.1
+# A new row's prompt tree of this many tokens or more is built on a builder thread while the step's
+# other rows are worked on (a 1.4k-token prompt's tree takes about 1 ms). Threads: `AGENTSPEC_TREE_BUILDERS`
+# (0: none, every tree on the caller's thread), else one per 4 cores, at most 4 (none below 4 cores:
+# a small machine's other cores belong to the engine).
+MIN_BUILT = 256
+BUILDERS_ENV = "AGENTSPEC_TREE_BUILDERS"
+
+
+def _build_threads() -> int:
+    value = os.environ.get(BUILDERS_ENV, "").strip()
+    if not value:
+        return min(4, (os.cpu_count() or 1) // 4)
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = -1
+    if not 0 <= threads <= 64:
+        raise PlanError(f"{BUILDERS_ENV}={value!r}: give a number of threads from 0 to 64")
+    return threads
 
 
 def available() -> bool:
+    """Whether the compiled trees are built (`pip install` builds them from csrc/suffix_trees)."""
     try:
-        import arctic_inference.suffix_decoding  # noqa: F401
+        from agentspec_sdk.drafting import _trees  # noqa: F401
     except ImportError:
         return False
     return True
 
 
 class SuffixTrees:
-    """One SuffixDecodingCache over the rows the drafter tracks."""
+    """The rows' suffix trees: one `_trees.Forest`, keyed by tracked row."""
 
     def __init__(self, max_tree_depth: int = MAX_TREE_DEPTH, max_cached_requests: int = MAX_CACHED_REQUESTS,
                  max_spec_factor: float = MAX_SPEC_FACTOR, min_token_prob: float = MIN_TOKEN_PROB,
-                 extend_factor: float | None = None):
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
+                 extend_factor: float | None = None, build_threads: int | None = None):
+        from agentspec_sdk.drafting._trees import Forest
 
-        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth,
-                                         max_cached_requests=max_cached_requests)
+        threads = _build_threads() if build_threads is None else build_threads
+        self.forest = Forest(max_tree_depth, max_cached_requests, threads, MIN_BUILT)
         self.depth = max_tree_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
-        # a second, longer draft at this spec factor (None: none); see `extension`
+        # a second, longer draft at this spec factor (None: none); see `draft`
         self.extend_factor = extend_factor
         self._ids = itertools.count()
-        self._native = _NativeTrees.of(self.cache)
 
-    def start(self, history: np.ndarray, response: int = 0) -> int:
+    @classmethod
+    def for_plan(cls, plan, wanted: bool, current: SuffixTrees | None) -> SuffixTrees | None:
+        """The trees a plan wants (`wanted`: the lab switch `suffix_trees`): `current` with the plan's
+        knobs (they apply from the next step on; the trees and what they learned are kept), new trees
+        where there were none, None where they are not wanted or not built (logged)."""
+        if not wanted:
+            return None
+        if current is not None:
+            current.max_spec_factor = plan.suffix_max_spec_factor
+            current.min_token_prob = plan.suffix_min_token_prob
+            current.extend_factor = plan.suffix_extend_factor
+            return current
+        if not available():
+            log.warning("the compiled suffix trees (agentspec_sdk.drafting._trees) are not built: the "
+                        "structure drafter runs without them (pip install -e . builds them)")
+            return None
+        return cls(max_spec_factor=plan.suffix_max_spec_factor, min_token_prob=plan.suffix_min_token_prob,
+                   extend_factor=plan.suffix_extend_factor)
+
+    def start(self, history: np.ndarray, response: int = 0, defer: bool = False) -> int:
         """A new tracked row: its history so far is its "prompt", but for its last `response` tokens,
         which enter as its response (in the global tree too), as vLLM's proposer adds a request's
-        tokens sampled at its first step; returns its key."""
+        tokens sampled at its first step; returns its key. `defer`: the row's place in the global tree
+        (its sequence, its response) waits for its turn in the next `step`, so the global tree
+        changes in the batch's row order, as the cache's calls row by row would change it; its prompt
+        tree is then built on a builder thread where it is long (`MIN_BUILT`), and the first call
+        that needs it waits for it."""
         key = next(self._ids)
-        history = np.ascontiguousarray(history, dtype=np.int32)
-        split = len(history) - min(response, len(history))
-        self.cache.start_request(key, history[:split])
-        if split < len(history):
-            self.cache.add_active_response(key, history[split:])
+        self.forest.start(key, history, response, defer)
         return key
 
-    def adopt(self, key: int, new_tokens, response: int = 0) -> int | None:
+    def adopt(self, key: int, new_tokens, response: int = 0, defer: bool = False) -> int | None:
         """A new tracked row that continues row `key` (its history is `key`'s history followed by
         `new_tokens`: an agent's next turn resends the previous turn's prompt and output): `key`'s
         prompt tree, extended by `new_tokens`, becomes the new row's, as `stop(key)` then
-        `start(history)` would leave the cache, without building a tree over the whole history.
-        The last `response` of `new_tokens` enter as the new row's response (`start`). Returns the
-        new key, or None where the cache is not laid out as arctic-inference 0.3's (nothing changed
-        then)."""
-        cache = self.cache
-        local = getattr(cache, "_local_trees", None)
-        allocate = getattr(cache, "_generate_seq_id", None)
-        if local is None or allocate is None or key not in local:
+        `start(history)` would leave the trees, without building a tree over the whole history.
+        The last `response` of `new_tokens` enter as the new row's response (`start`, `defer` too).
+        Returns the new key, or None where `key` is not active (nothing changed then)."""
+        if not self.forest.active(key):
             return None
         new_key = next(self._ids)
-        tree = local.pop(key)  # `key` stopped: its response stays in the global tree
-        new_tokens = np.ascontiguousarray(new_tokens, dtype=np.int32)
-        split = len(new_tokens) - min(response, len(new_tokens))
-        if split:
-            tree.extend_ndarray(0, new_tokens[:split])
-        local[new_key] = tree
-        if cache._max_cached_requests != 0:
-            allocate(new_key)  # the new row's response gets its own sequence in the global tree
-        if split < len(new_tokens):
-            cache.add_active_response(new_key, new_tokens[split:])
+        self.forest.adopt(key, new_key, new_tokens, response, defer)
         return new_key
 
     def extend(self, key: int, new_tokens) -> None:
-        if not len(new_tokens):
-            return
-        tokens = np.ascontiguousarray(new_tokens, dtype=np.int32)
-        if self._native is not None:
-            self._native.extend(key, tokens)
-        elif key in self.cache.active_requests:
-            self.cache.add_active_response(key, tokens)
+        if len(new_tokens):
+            self.forest.extend(key, new_tokens)
 
     def stop(self, key: int) -> None:
-        """Row `key` is done: its prompt tree goes (its response stays in the global tree). The tree
-        is torn down by `_REAPER` off the caller's path where the cache is laid out as
-        arctic-inference 0.3's (0.3–0.9 ms for a 1.4k-token prompt's tree)."""
-        local = getattr(self.cache, "_local_trees", None)
-        if local is not None:
-            tree = local.pop(key, None)
-            if tree is not None:
-                _REAPER.drop(tree)
-        elif key in self.cache.active_requests:
-            self.cache.stop_request(key)
+        """Row `key` is done: its prompt tree goes (its response stays in the global tree), freed by
+        `_REAPER` off the caller's path (0.3–0.9 ms for a 1.4k-token prompt's tree)."""
+        tree = self.forest.stop(key)
+        if tree is not None:
+            _REAPER.drop(tree)
+
+    def step(self, rows: list[tuple]) -> list[tuple | None]:
+        """A step's rows in one call, in batch order: each (key, new tokens, history, what, max tokens,
+        spec factor, probability floor, extension factor), as `request` builds them. A row takes its
+        deferred place in the global tree, its new tokens go into both trees, then it gets its draft:
+        what 0 none (None), 1 `draft`'s four lists, 2 `speculate`'s two. Row after row, as vLLM's
+        suffix proposer goes: each row's draft sees the rows before it, as the calls one by one would."""
+        return self.forest.step(rows)
+
+    def request(self, key: int, new_tokens, history: np.ndarray, what: int, max_tokens: int = 0,
+                spec_factor: float | None = None, min_token_prob: float | None = None,
+                extend_factor: float | None = None) -> tuple:
+        """One row of `step`, the knobs resolved as `draft` and `speculate` resolve them."""
+        if what and max_tokens <= 0:
+            what = 0
+        factor = self.extend_factor if extend_factor is None else extend_factor
+        return (key, new_tokens, history, what, max_tokens, spec_factor or self.max_spec_factor,
+                self.min_token_prob if min_token_prob is None else min_token_prob, factor or 0.0)
 
     def speculate(self, key: int, history: np.ndarray, max_tokens: int, spec_factor: float | None = None,
                   min_token_prob: float | None = None) -> tuple[list[int], list[float]]:
-        """(tokens, conditional confidence of each token given the ones before it). The tree gives the
-        probability of the whole path up to each token; the ratio of consecutive ones is the token's own.
-        `spec_factor` / `min_token_prob`: a segment kind's knobs (None: the trees' own)."""
+        """(tokens, conditional confidence of each token given the ones before it): the cache's draft
+        on the history's last `depth` tokens. The tree gives the probability of the whole path up to
+        each token; the ratio of consecutive ones is the token's own. `spec_factor` /
+        `min_token_prob`: a segment kind's knobs (None: the trees' own)."""
         if max_tokens <= 0:
             return [], []
-        return self._draft(key, history, max_tokens, spec_factor or self.max_spec_factor,
-                           self.min_token_prob if min_token_prob is None else min_token_prob)
+        return self.forest.speculate(key, history, max_tokens, spec_factor or self.max_spec_factor,
+                                     self.min_token_prob if min_token_prob is None else min_token_prob)
 
-    def _draft(self, key: int, history: np.ndarray, max_tokens: int, factor: float,
-               prob: float) -> tuple[list[int], list[float]]:
-        """`cache.speculate` on the history's last `depth` tokens, as (tokens, confidences)."""
-        context = np.ascontiguousarray(history[-self.depth:], dtype=np.int32)
-        if self._native is not None:
-            draft = self._native.speculate(key, context, max_tokens, factor, prob)
-            return _tokens_and_confidences(draft) if draft is not None else ([], [])
-        if key not in self.cache.active_requests:
-            return [], []
-        return _tokens_and_confidences(self.cache.speculate(key, context, max_spec_tokens=max_tokens,
-                                                            max_spec_factor=factor, min_token_prob=prob))
-
-    def extension(self, key: int, history: np.ndarray, max_tokens: int, base: list[int],
-                  extend_factor: float | None = None, spec_factor: float | None = None,
-                  min_token_prob: float | None = None) -> tuple[list[int], list[float]]:
-        """The tokens a draft at `extend_factor` holds past `base` (this row's draft at `spec_factor`,
-        None: `max_spec_factor`), with their conditional confidences; nothing when the longer draft does not
-        begin with `base` (the cache then preferred another match: suffix's own draft stands) or when
-        no extension is set.
+    def draft(self, key: int, history: np.ndarray, max_tokens: int, extend_factor: float | None = None,
+              spec_factor: float | None = None, min_token_prob: float | None = None
+              ) -> tuple[list[int], list[float], list[int], list[float]]:
+        """`speculate`'s (tokens, confidences) and its extension (more tokens, their confidences):
+        the tokens a draft at `extend_factor` (None: the trees' own; 0: none) holds past it, nothing
+        when the longer draft does not begin with it (the cache then preferred another match:
+        suffix's own draft stands), when it fills `max_tokens`, or when it is empty at a spec factor
+        of 1 or more (neither tree matched a token, or neither's next token is likely enough).
 
         The spec factor caps a draft at factor × the matched context's length. At factor 2 suffix
         gains on some traffic (ReAct at γ 16) and loses on other (code at b 1): its tokens past what
         factor 1 allows are sent either way. Here they are a source of their own ("extend"), priced
         per row like every other source, so they go only where their learned acceptance pays."""
-        factor = self.extend_factor if extend_factor is None else extend_factor  # 0: none
-        spec_factor = spec_factor or self.max_spec_factor
-        prob = self.min_token_prob if min_token_prob is None else min_token_prob
-        if not factor or factor <= spec_factor or len(base) >= max_tokens:
-            return [], []
-        if not base and spec_factor >= 1:
-            # no draft at a factor ≥ 1: neither tree matched a token, or neither's next token is
-            # likely enough; a longer factor changes neither
-            return [], []
-        tokens, conf = self._draft(key, history, max_tokens, factor, prob)
-        n = len(base)
-        if len(tokens) <= n or tokens[:n] != list(base):
-            return [], []
-        return tokens[n:], conf[n:]
+        if max_tokens <= 0:
+            return [], [], [], []
+        factor = self.extend_factor if extend_factor is None else extend_factor
+        return self.forest.draft(key, history, max_tokens, spec_factor or self.max_spec_factor,
+                                 self.min_token_prob if min_token_prob is None else min_token_prob,
+                                 factor or 0.0)
 
 
-class _NativeTrees:
-    """The cache's trees called directly, where the cache is laid out as arctic-inference 0.3's: what
-    `SuffixDecodingCache.add_active_response` and `.speculate` do (the request's prompt tree and the
-    global tree, the draft of the higher score, the prompt tree's on a tie), without their checks,
-    dispatch and the copy of the draft into a dataclass (docs/drafting.md, the per-step cost). The
-    cache's own dicts are shared, so rows started, adopted or stopped through the cache are seen here."""
+def builders_cpu_seconds() -> float:
+    """CPU seconds the builder threads have spent on prompt trees in this process (0 without them)."""
+    if not available():
+        return 0.0
+    from agentspec_sdk.drafting._trees import Forest
 
-    __slots__ = ("local", "global_tree", "seqs", "speculate_ndarray")
-
-    def __init__(self, local: dict, global_tree, seqs: dict, speculate_ndarray):
-        self.local, self.global_tree, self.seqs = local, global_tree, seqs
-        self.speculate_ndarray = speculate_ndarray
-
-    @classmethod
-    def of(cls, cache) -> _NativeTrees | None:
-        local, seqs = getattr(cache, "_local_trees", None), getattr(cache, "_req_to_seq_id", None)
-        global_tree = getattr(cache, "_global_tree", None)
-        speculate = getattr(type(global_tree), "speculate_ndarray", None)
-        if not isinstance(local, dict) or not isinstance(seqs, dict) or speculate is None \
-                or not hasattr(global_tree, "extend_ndarray"):
-            return None
-        return cls(local, global_tree, seqs, speculate)
-
-    def extend(self, key: int, tokens: np.ndarray) -> None:
-        tree = self.local.get(key)
-        if tree is None:
-            return
-        tree.extend_ndarray(0, tokens)
-        seq = self.seqs.get(key)
-        if seq is not None:
-            self.global_tree.extend_ndarray(seq, tokens)
-
-    def speculate(self, key: int, context: np.ndarray, max_tokens: int, factor: float, prob: float):
-        """The native draft (`token_ids`, `probs`), or None for a row the cache does not hold."""
-        tree = self.local.get(key)
-        if tree is None:
-            return None
-        mine = self.speculate_ndarray(tree, context, max_tokens, factor, 0.0, prob, False)
-        shared = self.speculate_ndarray(self.global_tree, context, max_tokens, factor, 0.0, prob, False)
-        return mine if mine.score >= shared.score else shared
+    return Forest.build_cpu_seconds()
 
 
 class _Reaper:
-    """Drops objects in a daemon thread: a prompt tree's C++ teardown then runs while the engine's
-    pass runs (vLLM's forward and its device waits release the GIL), not inside the proposer's call
-    that the step waits for. `pending` counts the objects not yet dropped."""
+    """Drops objects in a daemon thread: a stopped prompt tree's C++ teardown then runs outside the
+    proposer's call that the step waits for, without the GIL (`StoppedTree.release`), while the
+    engine's pass runs. `pending` counts the objects not yet dropped."""
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -238,22 +224,11 @@ class _Reaper:
     def _run(self) -> None:
         while True:
             obj = self._queue.get()
+            release = getattr(obj, "release", None)  # a stopped tree frees itself without the GIL
+            if release is not None:
+                release()
             del obj
             self.dropped += 1
 
 
 _REAPER = _Reaper()
-
-
-def _tokens_and_confidences(draft) -> tuple[list[int], list[float]]:
-    tokens = list(map(int, draft.token_ids))
-    conf, before = [], 1.0
-    for p in draft.probs:
-        p = float(p)
-        if before > 0:
-            c = p / before
-            conf.append(1.0 if c > 1.0 else c)
-        else:
-            conf.append(0.0)
-        before = p
-    return tokens, conf
