@@ -16,9 +16,6 @@ from agentspec_sdk.drafting.text import HistoryText
 from agentspec_sdk.structure import segmenter as segmenter_mod
 from agentspec_sdk.structure.formats import CODE_AGENT, REACT, TOOL_CALLS
 
-pytestmark = pytest.mark.skipif(not suffix_source.available(),
-                                reason="the compiled trees: pip install -e . builds them")
-
 
 @pytest.fixture(scope="module")
 def tok():
