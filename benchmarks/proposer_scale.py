@@ -648,7 +648,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="cProfile structure's steps from this step on")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--tree-calls", action="store_true",
-                    help="time arctic's native tree calls (extend, speculate) by mode: the trees' own cost")
+                    help="time the suffix trees' native calls by mode (suffix: extend, speculate; "
+                         "structure: its one call a step): the trees' own cost")
     ap.add_argument("--phases", action="store_true",
                     help="structure's step by part (new rows, candidates, ...): CPU a step and a row")
     ap.add_argument("--plan", default=None,
