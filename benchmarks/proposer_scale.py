@@ -94,12 +94,12 @@ class TreeCalls:
     """`--tree-calls`: the calling thread's CPU inside the suffix trees' native methods, by mode
     (suffix calls arctic-inference's `SuffixTree`, structure the compiled `_trees.Forest` around the
     same tree code), counting the calls of a step (an `extend` of at most γ + 1 tokens: a new row's
-    prompt, extended at its set-up, is longer), every `speculate` (`draft`: a draft and its
-    extension in one call) and structure's `step` (every row's tokens added and its draft, one call a
-    step). What the trees' own work costs a row and step."""
+    prompt, extended at its set-up, is longer), every `speculate`, and structure's `step` (every row's
+    tokens added and its draft with the extension, one call a step). What the trees' own work costs a
+    row and step."""
 
     METHODS = {"extend": "extend", "extend_ndarray": "extend", "speculate": "speculate",
-               "speculate_ndarray": "speculate", "draft": "speculate", "step": "step"}
+               "speculate_ndarray": "speculate", "step": "step"}
 
     def __init__(self, gamma: int):
         from arctic_inference.suffix_decoding import _C

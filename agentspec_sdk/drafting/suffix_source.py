@@ -67,6 +67,9 @@ def available() -> bool:
     return True
 
 
+_NO_HISTORY = np.zeros(0, dtype=np.int32)  # a row's part of `step` with no tokens gained, or none drafted
+
+
 class SuffixTrees:
     """The rows' suffix trees: one `_trees.Forest`, keyed by tracked row."""
 
@@ -129,8 +132,9 @@ class SuffixTrees:
         return new_key
 
     def extend(self, key: int, new_tokens) -> None:
+        """Row `key` gained `new_tokens` (a `step` of that one row, drafting nothing)."""
         if len(new_tokens):
-            self.forest.extend(key, new_tokens)
+            self.step([self.request(key, new_tokens, _NO_HISTORY, 0)])
 
     def stop(self, key: int) -> None:
         """Row `key` is done: its prompt tree goes (its response stays in the global tree), freed by
@@ -150,7 +154,8 @@ class SuffixTrees:
     def request(self, key: int, new_tokens, history: np.ndarray, what: int, max_tokens: int = 0,
                 spec_factor: float | None = None, min_token_prob: float | None = None,
                 extend_factor: float | None = None) -> tuple:
-        """One row of `step`, the knobs resolved as `draft` and `speculate` resolve them."""
+        """One row of `step` (`history`: the row's tokens, the trees match its last `depth`; `what`: 0
+        no draft, 1 as `draft`, 2 as `speculate`), the knobs resolved: None takes the trees' own."""
         if what and max_tokens <= 0:
             what = 0
         factor = self.extend_factor if extend_factor is None else extend_factor
@@ -163,10 +168,9 @@ class SuffixTrees:
         on the history's last `depth` tokens. The tree gives the probability of the whole path up to
         each token; the ratio of consecutive ones is the token's own. `spec_factor` /
         `min_token_prob`: a segment kind's knobs (None: the trees' own)."""
-        if max_tokens <= 0:
-            return [], []
-        return self.forest.speculate(key, history, max_tokens, spec_factor or self.max_spec_factor,
-                                     self.min_token_prob if min_token_prob is None else min_token_prob)
+        [drafted] = self.step([self.request(key, _NO_HISTORY, history, 2, max_tokens, spec_factor,
+                                            min_token_prob)])
+        return drafted or ([], [])
 
     def draft(self, key: int, history: np.ndarray, max_tokens: int, extend_factor: float | None = None,
               spec_factor: float | None = None, min_token_prob: float | None = None
@@ -181,12 +185,9 @@ class SuffixTrees:
         gains on some traffic (ReAct at γ 16) and loses on other (code at b 1): its tokens past what
         factor 1 allows are sent either way. Here they are a source of their own ("extend"), priced
         per row like every other source, so they go only where their learned acceptance pays."""
-        if max_tokens <= 0:
-            return [], [], [], []
-        factor = self.extend_factor if extend_factor is None else extend_factor
-        return self.forest.draft(key, history, max_tokens, spec_factor or self.max_spec_factor,
-                                 self.min_token_prob if min_token_prob is None else min_token_prob,
-                                 factor or 0.0)
+        [drafted] = self.step([self.request(key, _NO_HISTORY, history, 1, max_tokens, spec_factor,
+                                            min_token_prob, extend_factor)])
+        return drafted or ([], [], [], [])
 
 
 def builders_cpu_seconds() -> float:

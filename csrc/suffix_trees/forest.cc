@@ -237,12 +237,6 @@ public:
         if (!defer) attach(new_key);
     }
 
-    void extend(int64_t key, const Tokens& tokens) {
-        built(key);
-        attach(key);
-        add(key, span_of(tokens));
-    }
-
     // The request is done: its prompt tree leaves the forest (returned for the caller to free, None
     // when `key` is not active); its response stays in the global tree.
     py::object stop(int64_t key) {
@@ -261,31 +255,10 @@ public:
     static double build_cpu_seconds() { return build_cpu_ns.load() / 1e9; }
     size_t num_cached() const { return req_to_seq_.size(); }
 
-    // SuffixDecodingCache.speculate on the last `depth` tokens of `history` (path speculation,
-    // offset 0): (tokens, confidences); nothing for a row that is not active.
-    py::tuple speculate(int64_t key, const Tokens& history, int max_tokens, double factor,
-                        double min_prob) {
-        built(key);
-        attach(key);
-        return speculated(key, span_of(history), max_tokens, factor, min_prob);
-    }
-
-    // `speculate` at `factor` and, where `extend_factor` exceeds it, what the draft at
-    // `extend_factor` holds past that draft: (tokens, confidences, more tokens, their confidences).
-    // No extension where the first draft fills `max_tokens`, where there is none at a factor of 1 or
-    // more (neither tree matched or was confident), or where the longer draft does not begin with
-    // the first (the trees preferred another match there).
-    py::tuple draft(int64_t key, const Tokens& history, int max_tokens, double factor,
-                    double min_prob, double extend_factor) {
-        built(key);
-        attach(key);
-        return drafted(key, span_of(history), max_tokens, factor, min_prob, extend_factor);
-    }
-
     // A step's rows, in batch order, each (key, new tokens, history, what, max tokens, spec factor,
     // probability floor, extension factor): the row takes its place in the global tree if it is
-    // new, its new tokens go into both trees, then `what` = 0 drafts nothing (None), 1 drafts as
-    // `draft`, 2 as `speculate`.
+    // new, its new tokens go into both trees, then `what` = 0 drafts nothing (None), 1 drafts with
+    // the extension (`drafted`), 2 as the cache's speculate (`speculated`).
     py::list step(const py::list& rows) {
         py::list out;
         for (const py::handle& item : rows) {
@@ -317,6 +290,8 @@ private:
         return all.last(std::min(all.size(), static_cast<size_t>(depth_)));
     }
 
+    // SuffixDecodingCache.speculate on the last `depth` tokens of `history` (path speculation,
+    // offset 0): (tokens, confidences); nothing for a row that is not active.
     py::tuple speculated(int64_t key, std::span<const int32_t> history, int max_tokens,
                          double factor, double min_prob) {
         py::list tokens, confs;
@@ -331,6 +306,11 @@ private:
         return py::make_tuple(tokens, confs);
     }
 
+    // `speculated` at `factor` and, where `extend_factor` exceeds it, what the draft at
+    // `extend_factor` holds past that draft: (tokens, confidences, more tokens, their confidences).
+    // No extension where the first draft fills `max_tokens`, where there is none at a factor of 1 or
+    // more (neither tree matched or was confident), or where the longer draft does not begin with
+    // the first (the trees preferred another match there).
     py::tuple drafted(int64_t key, std::span<const int32_t> history, int max_tokens, double factor,
                       double min_prob, double extend_factor) {
         bool extending = extend_factor > 0 && extend_factor > factor;
@@ -449,12 +429,9 @@ PYBIND11_MODULE(_trees, m) {
         .def_static("build_cpu_seconds", &Forest::build_cpu_seconds)
         .def("start", &Forest::start)
         .def("adopt", &Forest::adopt)
-        .def("extend", &Forest::extend)
         .def("stop", &Forest::stop)
         .def("active", &Forest::active)
         .def("num_active", &Forest::num_active)
         .def("num_cached", &Forest::num_cached)
-        .def("speculate", &Forest::speculate)
-        .def("draft", &Forest::draft)
         .def("step", &Forest::step);
 }
