@@ -1,5 +1,6 @@
-"""The compiled part of agentspec-sdk: the suffix trees the structure drafter drives
-(`agentspec_sdk.drafting._trees`, C++ in csrc/suffix_trees). Everything else is in pyproject.toml."""
+"""The compiled parts of agentspec-sdk: the suffix trees the structure drafter drives
+(`agentspec_sdk.drafting._trees`, C++ in csrc/suffix_trees) and its in-segment lookup
+(`agentspec_sdk.drafting._lookup`, csrc/lookup). Everything else is in pyproject.toml."""
 
 from pybind11.setup_helpers import Pybind11Extension
 from setuptools import setup
@@ -9,6 +10,12 @@ setup(ext_modules=[
         "agentspec_sdk.drafting._trees",
         ["csrc/suffix_trees/forest.cc", "csrc/suffix_trees/suffix_tree.cc"],
         include_dirs=["csrc/suffix_trees"],
+        cxx_std=20,
+        extra_compile_args=["-O3", "-DNDEBUG"],
+    ),
+    Pybind11Extension(
+        "agentspec_sdk.drafting._lookup",
+        ["csrc/lookup/corpus_index.cc"],
         cxx_std=20,
         extra_compile_args=["-O3", "-DNDEBUG"],
     ),

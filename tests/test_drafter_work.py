@@ -48,8 +48,7 @@ def _prompt(tok, tokens: int) -> list[int]:
 
 def _work(monkeypatch, tok, context: int) -> dict:
     counts = dict.fromkeys(("decoded", "segmented", "scanned", "indexed", "joins", "tree_tokens"), 0)
-    extend, feed, match = HistoryText.extend, Segmenter.feed, lookup_mod.longest_match
-    best, text = lookup_mod.CorpusIndex._best, HistoryText.text
+    extend, feed, text = HistoryText.extend, Segmenter.feed, HistoryText.text
 
     def count(key, n):
         counts[key] += n
@@ -58,21 +57,18 @@ def _work(monkeypatch, tok, context: int) -> dict:
                         or extend(self, ids))
     monkeypatch.setattr(Segmenter, "feed", lambda self, chunk: count("segmented", len(chunk))
                         or feed(self, chunk))
-    monkeypatch.setattr(lookup_mod, "longest_match", lambda q, corpus, end, lo, hi, start=0:
-                        count("scanned", max(0, end - start)) or match(q, corpus, end, lo, hi, start))
-    monkeypatch.setattr(lookup_mod.CorpusIndex, "_best", lambda self, recent, *a:
-                        count("indexed", len(recent)) or best(self, recent, *a))
     monkeypatch.setattr(HistoryText, "text", property(lambda self: count("joins", 1) or text.fget(self)))
     prompt, out = _prompt(tok, context), tok.encode(CALL, add_special_tokens=False)
     drafter = StructureDrafter(DraftPlan(tools=TOOLS, learn_delta=False), tok)
-    if drafter.trees is not None:
-        tree_extend = drafter.trees.extend
-        monkeypatch.setattr(drafter.trees, "extend", lambda key, new: count("tree_tokens", len(new))
-                            or tree_extend(key, new))
+    if drafter.trees is not None:  # the tokens the step's call adds to the trees (a request's second field)
+        tree_step = drafter.trees.step
+        monkeypatch.setattr(drafter.trees, "step", lambda rows:
+                            count("tree_tokens", sum(len(r[1]) for r in rows)) or tree_step(rows))
     pos, steps = 1, 0
     drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])  # builds the row's state: not counted
     for key in counts:
         counts[key] = 0
+    searched = lookup_mod.work()  # (characters a string search may scan, index entries examined)
     drafts = drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])
     while True:
         steps += 1
@@ -86,6 +82,8 @@ def _work(monkeypatch, tok, context: int) -> dict:
         drafts = drafter.propose([RowInput(np.asarray(prompt + out[:pos]))])
         assert drafter.stats()["rebuilds"] == 1  # the row is followed, never rebuilt
         assert len(drafter.rows.states[0].tail) <= TAIL
+    counts["scanned"], counts["indexed"] = (now - then for now, then in zip(lookup_mod.work(), searched,
+                                                                             strict=True))
     return {"steps": steps, "prompt": len(prompt), **counts}
 
 
@@ -99,7 +97,7 @@ def test_per_step_work_does_not_grow_with_the_context(monkeypatch, tok):
     assert large["steps"] == small["steps"] >= 3  # the same turn, drafted the same way
     for key in ("decoded", "segmented", "tree_tokens", "joins"):  # only the tokens each step added
         assert large[key] == small[key], (key, work)
-    assert large["joins"] == 0
+    assert large["joins"] == 0 and large["tree_tokens"] > 0
     # what a search may scan (the current segment) and what the indexes examine are bounded: not 6x
     for key in ("scanned", "indexed"):
         assert large[key] <= 1.2 * small[key] + 50, (key, work)

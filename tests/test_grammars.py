@@ -59,3 +59,4 @@ def test_wheel_ships_the_grammars(tmp_path):
         assert f"agentspec_sdk/grammars/{name}.lark" in names
     assert not any(n.startswith("integrations/") for n in names)
     assert any(n.startswith("agentspec_sdk/drafting/_trees.") for n in names)  # the compiled trees
+    assert any(n.startswith("agentspec_sdk/drafting/_lookup.") for n in names)  # and the lookup

@@ -102,9 +102,9 @@ def _continue_one(tok, monkeypatch, tools, prev, turn) -> None:
     assert {k: c.text for k, c in st.corpora.items()} == {k: c.text for k, c in fresh.corpora.items()}
     pairs = [(st.prompt_text, fresh.prompt_text)] + [(st.corpora[k], fresh.corpora[k]) for k in st.corpora]
     for a, b in pairs:
-        assert (a._tables is None) == (b._tables is None)
-        if a._tables is not None:
-            assert all(np.array_equal(a._tables[g], b._tables[g]) for g in b._tables)
+        assert (a.tables is None) == (b.tables is None)
+        if a.tables is not None:
+            assert all(np.array_equal(a.tables[g], b.tables[g]) for g in b.tables)
     assert _replay(taken, turn) == _replay(built, turn)
 
 
